@@ -1,0 +1,223 @@
+"""The one configuration object: a documented, validated, frozen dataclass.
+
+Every process receives the same pickled ``Config``. Keyword arguments of ``APPO(...)`` override
+these fields; an unknown keyword or a bad value raises ``ConfigError`` in the main process, with
+every problem listed at once and what to change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+ALGOS = ("appo", "impala", "ppo")
+DEVICES_HINT = '"cpu", "cuda", "cuda:N" or "auto"'
+
+
+class ConfigError(ValueError):
+    """A configuration value (or combination of values) that asyncrl cannot run with."""
+
+
+def _f(default, doc: str, **kw):
+    return field(default=default, metadata={"doc": doc}, **kw)
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- processes and sampling -------------------------------------------------------------
+    num_workers: int = _f(2, "Rollout worker processes.")
+    num_envs_per_worker: int = _f(
+        8, "Envs per rollout worker, split into two groups stepped in turn (must be even).")
+    num_policy_workers: int = _f(1, "Policy (inference) worker processes.")
+    rollout: int = _f(32, "Rollout length T: env steps per trajectory slot.")
+    batch_size: int = _f(
+        1024, "Samples (T x trajectories) per learner update; a multiple of rollout x envs per group.")
+    device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
+    algo: str = _f(
+        "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "
+        "ppo: synchronous collection (every sample from the latest policy), for comparison.")
+    serial_mode: bool = _f(False, "Run every component in the main process, in turn (debugging).")
+    seed: Optional[int] = _f(None, "Seed of weights, envs and action sampling (None: random).")
+
+    # --- optimisation -----------------------------------------------------------------------
+    learning_rate: float = _f(1e-3, "Adam learning rate.")
+    adam_eps: float = _f(1e-5, "Adam epsilon.")
+    num_epochs: int = _f(4, "Passes over each batch (IMPALA: 1).")
+    minibatch_size: int = _f(512, "Samples per gradient step; must divide batch_size.")
+    gamma: float = _f(0.99, "Discount factor.")
+    vtrace_lambda: float = _f(0.95, "Trace-cutting lambda of V-trace (1.0: the IMPALA paper's).")
+    vtrace_rho_clip: float = _f(1.0, "V-trace rho-bar: clip of importance weights in the targets.")
+    vtrace_c_clip: float = _f(1.0, "V-trace c-bar: clip of the trace coefficients.")
+    vtrace_pg_rho_clip: float = _f(1.0, "Clip of importance weights in the policy-gradient advantages.")
+    clip_coef: float = _f(0.2, "PPO ratio clipping epsilon.")
+    vf_clip_coef: Optional[float] = _f(
+        None, "Clip of the value change per update (None: unclipped value loss).")
+    ent_coef: float = _f(0.0, "Entropy bonus coefficient.")
+    vf_coef: float = _f(0.5, "Value loss coefficient.")
+    max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
+    normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
+    max_policy_lag: int = _f(
+        50, "Samples made by a policy more than this many versions older than the learner's are "
+        "masked out of the loss.")
+
+    # --- model ------------------------------------------------------------------------------
+    hidden_sizes: Tuple[int, ...] = _f((64, 64), "Hidden layer widths of the MLP (vector obs).")
+    activation: str = _f("tanh", 'MLP activation: "tanh" or "relu".')
+
+    # --- logging ----------------------------------------------------------------------------
+    verbose: int = _f(1, "0: silent; 1: console summary every log_interval seconds.")
+    log_interval: float = _f(5.0, "Seconds between console summaries.")
+    tensorboard_log: Optional[str] = _f(None, "Directory for TensorBoard scalars (None: off).")
+    stats_window: int = _f(100, "Episodes averaged in rollout/ep_rew_mean.")
+
+    # --- robustness -------------------------------------------------------------------------
+    worker_timeout: float = _f(
+        60.0, "Seconds any component may wait on another before the run fails as stuck.")
+
+    # ---------------------------------------------------------------------------------------
+    @property
+    def envs_per_group(self) -> int:
+        return self.num_envs_per_worker // 2
+
+    @property
+    def num_groups(self) -> int:
+        return self.num_workers * 2
+
+    @property
+    def slot_size(self) -> int:
+        """Samples in one trajectory slot: rollout x envs per group."""
+        return self.rollout * self.envs_per_group
+
+    @property
+    def slots_per_batch(self) -> int:
+        return self.batch_size // self.slot_size
+
+    @property
+    def num_slots(self) -> int:
+        """Slots in the shared buffer. Synchronous PPO has exactly one batch of them, so no
+        sample is collected before the learner has published the policy that trains on it."""
+        if self.algo == "ppo":
+            return self.slots_per_batch
+        return self.num_groups + 2 * self.slots_per_batch
+
+    def replace(self, **overrides) -> "Config":
+        return Config.from_kwargs(dataclasses.asdict(self) | overrides)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> "Config":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            msgs = []
+            for k in unknown:
+                close = difflib.get_close_matches(k, names, n=1)
+                msgs.append(f"unknown argument {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ConfigError("; ".join(msgs) + ". See asyncrl.Config for the documented fields.")
+        if isinstance(kwargs.get("hidden_sizes"), list):
+            kwargs = dict(kwargs, hidden_sizes=tuple(kwargs["hidden_sizes"]))
+        cfg = cls(**kwargs)
+        errors = cfg.validation_errors()
+        if errors:
+            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
+        return cfg
+
+    def validation_errors(self) -> list:
+        errs = []
+
+        def check(ok, name, allowed):
+            if not ok:
+                errs.append(f"{name}={getattr(self, name)!r}: {allowed}")
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+        for name in ("num_workers", "num_policy_workers", "rollout", "batch_size", "num_epochs",
+                     "minibatch_size", "stats_window"):
+            check(is_int(getattr(self, name)) and getattr(self, name) >= 1, name,
+                  "must be an integer >= 1")
+        check(is_int(self.num_envs_per_worker) and self.num_envs_per_worker >= 2
+              and self.num_envs_per_worker % 2 == 0, "num_envs_per_worker",
+              "must be an even integer >= 2 (envs are split into two groups stepped in turn)")
+        check(is_int(self.max_policy_lag) and self.max_policy_lag >= 0, "max_policy_lag",
+              "must be an integer >= 0")
+        check(self.algo in ALGOS, "algo", f"must be one of {ALGOS}")
+        check(isinstance(self.device, str) and _valid_device(self.device), "device",
+              f"must be {DEVICES_HINT}")
+        check(self.seed is None or is_int(self.seed), "seed", "must be an integer or None")
+        check(is_int(self.verbose) and self.verbose in (0, 1, 2), "verbose", "must be 0, 1 or 2")
+        for name in ("learning_rate", "adam_eps", "vtrace_rho_clip", "vtrace_c_clip",
+                     "vtrace_pg_rho_clip", "clip_coef", "max_grad_norm", "log_interval",
+                     "worker_timeout"):
+            check(is_num(getattr(self, name)) and getattr(self, name) > 0, name,
+                  "must be a number > 0")
+        for name in ("ent_coef", "vf_coef"):
+            check(is_num(getattr(self, name)) and getattr(self, name) >= 0, name,
+                  "must be a number >= 0")
+        for name in ("gamma", "vtrace_lambda"):
+            check(is_num(getattr(self, name)) and 0 <= getattr(self, name) <= 1, name,
+                  "must be a number in [0, 1]")
+        check(self.vf_clip_coef is None or (is_num(self.vf_clip_coef) and self.vf_clip_coef > 0),
+              "vf_clip_coef", "must be None or a number > 0")
+        check(isinstance(self.hidden_sizes, tuple) and len(self.hidden_sizes) >= 1
+              and all(is_int(h) and h >= 1 for h in self.hidden_sizes), "hidden_sizes",
+              "must be a non-empty tuple of positive integers, e.g. (64, 64)")
+        check(self.activation in ("tanh", "relu"), "activation", 'must be "tanh" or "relu"')
+        check(self.tensorboard_log is None or isinstance(self.tensorboard_log, str),
+              "tensorboard_log", "must be a directory path or None")
+        if errs:  # the cross-field checks below assume well-typed fields
+            return errs
+        if self.batch_size % self.slot_size:
+            errs.append(
+                f"batch_size={self.batch_size} must be a multiple of rollout x envs per group = "
+                f"{self.rollout} x {self.envs_per_group} = {self.slot_size}; try "
+                f"batch_size={max(1, round(self.batch_size / self.slot_size)) * self.slot_size}")
+        if self.batch_size % self.minibatch_size:
+            errs.append(f"minibatch_size={self.minibatch_size} must divide "
+                        f"batch_size={self.batch_size}")
+        if self.algo == "impala" and self.num_epochs != 1:
+            errs.append(f"num_epochs={self.num_epochs}: algo='impala' trains one epoch per batch; "
+                        "use num_epochs=1 or algo='appo'")
+        if self.algo == "ppo":
+            per_round = self.num_workers * self.num_envs_per_worker * self.rollout
+            if self.batch_size != per_round:
+                errs.append(
+                    f"batch_size={self.batch_size}: algo='ppo' collects one rollout of every env per "
+                    f"update, so batch_size must be num_workers x num_envs_per_worker x rollout = "
+                    f"{per_round}")
+        return errs
+
+    def describe(self) -> str:
+        """A markdown table of every field, its default and its documentation."""
+        rows = ["| field | default | meaning |", "|---|---|---|"]
+        for f in dataclasses.fields(self):
+            rows.append(f"| `{f.name}` | `{f.default!r}` | {f.metadata['doc']} |")
+        return "\n".join(rows)
+
+
+def _valid_device(device: str) -> bool:
+    if device in ("cpu", "cuda", "auto"):
+        return True
+    prefix, _, idx = device.partition(":")
+    return prefix == "cuda" and idx.isdigit()
+
+
+def with_algo_defaults(kwargs: dict) -> dict:
+    """Fill in the field values that an algorithm variant implies, unless the caller set them:
+    IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env."""
+    algo = kwargs.get("algo", "appo")
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    get = lambda name: kwargs.get(name, defaults[name])  # noqa: E731
+    implied = {}
+    if algo == "impala":
+        implied["num_epochs"] = 1
+    elif algo == "ppo":
+        per_round = get("num_workers") * get("num_envs_per_worker") * get("rollout")
+        if all(isinstance(v, int) for v in (per_round, get("minibatch_size"))):
+            implied["batch_size"] = per_round
+            if per_round % get("minibatch_size") and "minibatch_size" not in kwargs:
+                implied["minibatch_size"] = per_round
+    return {**implied, **kwargs}

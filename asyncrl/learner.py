@@ -1,0 +1,184 @@
+"""Learner: gathers full slots into a time-major batch, computes V-trace targets with the current
+policy, optimises the clipped PPO objective, publishes the weights with a new version and returns
+the slots. Samples older than ``max_policy_lag`` versions are masked out of the loss."""
+from __future__ import annotations
+
+import os
+import queue
+import time
+from typing import List, NamedTuple
+
+import torch
+from torch import nn
+
+from .buffers import Ctl, SharedControl, SharedWeights, TrajectoryBuffers
+from .config import Config
+from .losses import ppo_loss
+from .messages import Report, ReportKind
+from .models import ActorCritic
+from .timing import StageTimer
+from .vtrace import vtrace
+
+
+MINIBATCH_STATS = ("policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
+                   "grad_norm", "loss")
+
+
+class Batch(NamedTuple):
+    """Time-major training data: T steps of B trajectories."""
+    obs: torch.Tensor              # [T+1, B, *obs_shape]
+    actions: torch.Tensor          # [T, B]
+    log_probs: torch.Tensor        # [T, B] behaviour policy
+    rewards: torch.Tensor          # [T, B]
+    dones: torch.Tensor            # [T, B]
+    policy_versions: torch.Tensor  # [T, B]
+
+
+def gather_batch(buffers: TrajectoryBuffers, slots: List[int], device: torch.device) -> Batch:
+    """Copy the given slots out of shared memory as time-major [T, B] tensors on ``device``."""
+    idx = torch.tensor(slots)
+
+    def tm(t: torch.Tensor) -> torch.Tensor:  # [k, T, E, ...] -> [T, k*E, ...]
+        x = t[idx].transpose(0, 1)
+        x = x.reshape(x.shape[0], -1, *x.shape[3:])
+        if device.type == "cuda":
+            return x.pin_memory().to(device, non_blocking=True)
+        return x
+
+    return Batch(tm(buffers.obs), tm(buffers.actions), tm(buffers.log_probs), tm(buffers.rewards),
+                 tm(buffers.dones), tm(buffers.policy_versions))
+
+
+def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    var = target.var()
+    return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
+
+
+class Learner:
+    def __init__(self, cfg: Config, obs_space, action_space, device: str, buffers: TrajectoryBuffers,
+                 weights: SharedWeights, ctl: SharedControl, queues, optimizer_path: str,
+                 serial: bool = False):
+        self.cfg, self.device = cfg, torch.device(device)
+        self.obs_space, self.action_space = obs_space, action_space
+        self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
+        self.optimizer_path = optimizer_path
+        self.full_slot_queue, self.free_slot_queue = queues.full_slot, queues.free_slot
+        self.report_queue = queues.report
+        self.name = "learner"
+        self.timer = StageTimer()
+        self.pending: List[int] = []
+        self.finished = False
+
+    def init(self) -> None:
+        cfg = self.cfg
+        if cfg.seed is not None:
+            torch.manual_seed(cfg.seed + 20_000)
+        self.model = ActorCritic(self.obs_space, self.action_space, cfg).to(self.device)
+        self.version = self.weights.load(self.model)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
+                                          eps=cfg.adam_eps)
+        if os.path.exists(self.optimizer_path):
+            self.optimizer.load_state_dict(torch.load(self.optimizer_path, map_location=self.device))
+            for group in self.optimizer.param_groups:  # the config may have changed between calls
+                group["lr"], group["eps"] = cfg.learning_rate, cfg.adam_eps
+        self.last_progress = time.perf_counter()
+
+    def close(self) -> None:
+        pass
+
+    def step(self, timeout: float) -> bool:
+        need = self.cfg.slots_per_batch - len(self.pending)
+        t0 = time.perf_counter()
+        try:
+            self.pending += self.full_slot_queue.get_many(
+                block=timeout > 0, timeout=timeout, max_messages_to_get=need)
+        except queue.Empty:
+            pass
+        self.timer.add("wait_batch", time.perf_counter() - t0)
+        if len(self.pending) < self.cfg.slots_per_batch:
+            self._check_stuck()
+            return False
+        slots, self.pending = self.pending, []
+        with self.timer("gather"):
+            batch = gather_batch(self.buffers, slots, self.device)
+        with self.timer("train"):
+            stats = self.train_on(batch)
+        self.version += 1
+        with self.timer("publish"):
+            self.weights.publish(self.model, self.version)
+        self.free_slot_queue.put_many(slots)
+        trained = self.ctl[Ctl.TRAINED_ENV_STEPS] + self.cfg.batch_size
+        self.ctl[Ctl.TRAINED_ENV_STEPS] = trained
+        self.report_queue.put(Report(ReportKind.TRAIN, self.name, stats))
+        self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
+        self.last_progress = time.perf_counter()
+        if trained >= self.ctl[Ctl.TARGET_ENV_STEPS]:
+            self.save_optimizer()
+            self.ctl[Ctl.LEARNER_DONE] = 1
+            self.finished = True
+        return True
+
+    def _check_stuck(self) -> None:
+        waited = time.perf_counter() - self.last_progress
+        if not self.serial and waited > self.cfg.worker_timeout:
+            raise TimeoutError(f"learner waited {waited:.0f} s for full trajectory slots "
+                               f"(has {len(self.pending)} of {self.cfg.slots_per_batch}); "
+                               "the rollout or policy workers are not producing")
+
+    def save_optimizer(self) -> None:
+        tmp = self.optimizer_path + ".tmp"
+        torch.save(self.optimizer.state_dict(), tmp)
+        os.replace(tmp, self.optimizer_path)
+
+    def train_on(self, batch: Batch) -> dict:
+        cfg, model = self.cfg, self.model
+        T, B = batch.actions.shape
+        obs_flat = batch.obs.flatten(0, 1)          # [(T+1)*B, ...]
+        obs_steps = batch.obs[:T].flatten(0, 1)     # [T*B, ...]
+        actions = batch.actions.flatten()
+        behaviour_log_probs = batch.log_probs.flatten()
+        lag = (self.version - batch.policy_versions).float()
+        mask = (lag <= cfg.max_policy_lag).float().flatten()
+        discounts = cfg.gamma * (~batch.dones).float()
+        clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
+        sums = None
+        for epoch in range(cfg.num_epochs):
+            with torch.no_grad():
+                log_probs, _, values = model.evaluate(obs_flat, torch.cat([actions, actions[:B]]))
+                log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
+                vt = vtrace(log_probs - batch.log_probs, discounts, batch.rewards, values[:T],
+                            values[T], clip_rho_threshold=cfg.vtrace_rho_clip,
+                            clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
+                            clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
+                if epoch == 0:
+                    old_values = values[:T].flatten()
+                    ev = explained_variance(old_values, vt.vs.flatten())
+                advantages, returns = vt.pg_advantages.flatten(), vt.vs.flatten()
+            for mb in torch.randperm(T * B, device=self.device).split(cfg.minibatch_size):
+                out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],
+                                           advantages[mb], old_values[mb], returns[mb], mask[mb],
+                                           clip_coef)
+                sums = out if sums is None else sums + out
+        num_steps = cfg.num_epochs * (T * B // cfg.minibatch_size)
+        stats = dict(zip(MINIBATCH_STATS, (sums / num_steps).tolist()))  # one device sync
+        stats.update(explained_variance=ev, policy_lag_mean=float(lag.mean()),
+                     policy_lag_max=float(lag.max()), masked_fraction=1.0 - float(mask.mean()),
+                     learning_rate=cfg.learning_rate, version=self.version + 1)
+        return stats
+
+    def _minibatch_step(self, obs, actions, behaviour_log_probs, advantages, old_values, returns,
+                        mask, clip_coef) -> torch.Tensor:
+        """One gradient step; returns the MINIBATCH_STATS values as one tensor."""
+        cfg = self.cfg
+        if cfg.normalize_advantages and advantages.numel() > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        new_log_probs, entropy, new_values = self.model.evaluate(obs, actions)
+        out = ppo_loss(new_log_probs, behaviour_log_probs, advantages, new_values, old_values,
+                       returns, entropy, clip_coef=clip_coef, vf_clip_coef=cfg.vf_clip_coef,
+                       ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, mask=mask)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        return torch.stack([out.pg_loss, out.v_loss, -out.entropy_loss, out.approx_kl,
+                            out.clipfrac, grad_norm, out.loss.detach()])

@@ -1,0 +1,133 @@
+"""Main-process bookkeeping of reports: console summary, TensorBoard scalars under SB3's names."""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import defaultdict, deque
+from typing import Optional
+
+from .messages import Report, ReportKind
+from .timing import summarize
+
+FPS_WINDOWS = (10, 60, 300)
+
+
+def next_run_dir(root: str, prefix: str = "APPO") -> str:
+    """SB3's layout: root/APPO_1, root/APPO_2, ..."""
+    os.makedirs(root, exist_ok=True)
+    taken = [int(d.rsplit("_", 1)[1]) for d in os.listdir(root)
+             if d.startswith(prefix + "_") and d.rsplit("_", 1)[1].isdigit()]
+    return os.path.join(root, f"{prefix}_{max(taken, default=0) + 1}")
+
+
+class TrainLogger:
+    """Collects reports from every component; prints and writes them every ``log_interval``."""
+
+    def __init__(self, verbose: int, log_interval: float, stats_window: int,
+                 tensorboard_dir: Optional[str] = None):
+        self.verbose, self.log_interval = verbose, log_interval
+        self.ep_returns = deque(maxlen=stats_window)
+        self.ep_lengths = deque(maxlen=stats_window)
+        self.num_episodes = 0
+        self.writer = None
+        if tensorboard_dir is not None:
+            from tensorboardX import SummaryWriter
+            self.writer = SummaryWriter(logdir=next_run_dir(tensorboard_dir))
+        self.counters = defaultdict(int)
+        self.reset_run()
+
+    def reset_run(self) -> None:
+        """Called at the start of each train(): rates restart, episode statistics carry over."""
+        self.timings = {}
+        self.train_sums, self.num_updates_since_log = defaultdict(float), 0
+        self.last_train = {}
+        self.fps_samples = deque()  # (time, trained env steps)
+        self.collected_env_steps = 0
+        self.last_log = time.perf_counter()
+
+    def on_report(self, report: Report) -> None:
+        if report.kind is ReportKind.EPISODES:
+            returns, lengths, steps = report.payload
+            self.ep_returns.extend(returns)
+            self.ep_lengths.extend(lengths)
+            self.num_episodes += len(returns)
+            self.collected_env_steps += steps
+        elif report.kind is ReportKind.TRAIN:
+            for k, v in report.payload.items():
+                self.train_sums[k] += v
+            self.num_updates_since_log += 1
+            self.last_train = report.payload
+        elif report.kind is ReportKind.TIMING:
+            self.timings[report.component] = report.payload
+        elif report.kind is ReportKind.COUNTER:
+            name, inc = report.payload
+            self.counters[name] += inc
+
+    def fps(self, window: float) -> float:
+        if len(self.fps_samples) < 2:
+            return 0.0
+        t_end, s_end = self.fps_samples[-1]
+        for t, s in self.fps_samples:  # oldest sample inside the window
+            if t_end - t <= window:
+                return (s_end - s) / max(t_end - t, 1e-9)
+        return 0.0
+
+    @property
+    def ep_rew_mean(self) -> float:
+        return sum(self.ep_returns) / len(self.ep_returns) if self.ep_returns else math.nan
+
+    def maybe_log(self, trained_env_steps: int, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.fps_samples or now - self.fps_samples[-1][0] >= 0.5 or force:
+            self.fps_samples.append((now, trained_env_steps))
+            while now - self.fps_samples[0][0] > max(FPS_WINDOWS) + 1:
+                self.fps_samples.popleft()
+        if not force and now - self.last_log < self.log_interval:
+            return
+        self.last_log = now
+        scalars = self.scalars()
+        if self.verbose >= 1:
+            print(self.summary_line(trained_env_steps, scalars), flush=True)
+        if self.writer is not None:
+            for k, v in scalars.items():
+                if not math.isnan(v):
+                    self.writer.add_scalar(k, v, trained_env_steps)
+            self.writer.flush()
+        self.train_sums, self.num_updates_since_log = defaultdict(float), 0
+
+    def scalars(self) -> dict:
+        out = {"time/fps": self.fps(FPS_WINDOWS[0]), "rollout/ep_rew_mean": self.ep_rew_mean,
+               "rollout/ep_len_mean": (sum(self.ep_lengths) / len(self.ep_lengths)
+                                       if self.ep_lengths else math.nan),
+               "time/episodes": float(self.num_episodes)}
+        n = max(self.num_updates_since_log, 1)
+        for k, v in self.train_sums.items():
+            if k == "policy_lag_max":
+                continue
+            out[f"train/{k}"] = v / n
+        if "policy_lag_max" in self.last_train:
+            out["train/policy_lag_max"] = self.last_train["policy_lag_max"]
+        for component, snap in self.timings.items():
+            wall = snap.get("_wall") or 1.0
+            for stage, secs in snap.items():
+                if not stage.startswith("_"):
+                    out[f"time/{component}/{stage}"] = secs / wall
+        for name, count in self.counters.items():
+            out[f"rollout/{name}"] = float(count)
+        return out
+
+    def summary_line(self, steps: int, scalars: dict) -> str:
+        fps = " ".join(f"{self.fps(w):,.0f} ({w}s)" for w in FPS_WINDOWS)
+        line = (f"[asyncrl] steps {steps:,} | fps {fps} | ep_rew_mean {self.ep_rew_mean:.1f} "
+                f"(episodes {self.num_episodes:,})")
+        if "train/policy_lag_mean" in scalars:
+            line += (f" | lag mean {scalars['train/policy_lag_mean']:.1f} "
+                     f"max {scalars.get('train/policy_lag_max', 0):.0f}")
+        stages = " | ".join(f"{c}: {summarize(s)}" for c, s in sorted(self.timings.items()))
+        return line + ("\n          " + stages if stages and self.verbose >= 1 else "")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -1,0 +1,28 @@
+"""Typed small messages that travel through the queues. Nothing large goes through a queue."""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, NamedTuple
+
+
+class PolicyRequest(NamedTuple):
+    """A rollout worker asks for actions for one env group: obs are at buffers.obs[slot_idx, t]."""
+    worker_idx: int
+    group_idx: int
+    slot_idx: int
+    t: int
+
+
+class ReportKind(Enum):
+    EPISODES = "episodes"  # payload: (returns list, lengths list, env steps collected)
+    TRAIN = "train"        # payload: dict of learner scalars for one update
+    TIMING = "timing"      # payload: dict stage -> cumulative seconds
+    ERROR = "error"        # payload: formatted traceback
+    COUNTER = "counter"    # payload: (name, increment), e.g. ("env_restarts", 1)
+
+
+class Report(NamedTuple):
+    """What a component tells the main process through the report queue."""
+    kind: ReportKind
+    component: str
+    payload: Any

@@ -1,0 +1,101 @@
+"""Actor-critic models: an MLP for vector observations, the Nature CNN for images.
+
+Image observations stay uint8 until they reach the model's device, where they are scaled to [0, 1].
+"""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from .config import Config
+
+
+def _layer(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def is_image_space(space: gym.spaces.Box) -> bool:
+    return len(space.shape) == 3 and space.dtype == np.uint8
+
+
+def mlp(in_size: int, hidden_sizes: Tuple[int, ...], activation: str) -> nn.Sequential:
+    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+    layers, size = [], in_size
+    for h in hidden_sizes:
+        layers += [_layer(nn.Linear(size, h)), act()]
+        size = h
+    return nn.Sequential(*layers)
+
+
+class NatureCNN(nn.Module):
+    """Mnih et al. (2015): 3 convolutions and a 512-unit layer, on [C, H, W] uint8 frames."""
+
+    def __init__(self, obs_shape: Tuple[int, int, int], out_size: int = 512):
+        super().__init__()
+        c = obs_shape[0]
+        self.convs = nn.Sequential(
+            _layer(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
+            _layer(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            _layer(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            n_flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
+        self.fc = nn.Sequential(_layer(nn.Linear(n_flat, out_size)), nn.ReLU())
+        self.out_size = out_size
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(obs.float() * (1.0 / 255.0)))
+
+
+class ActorCritic(nn.Module):
+    """Categorical policy and state value. Vector observations get separate actor and critic
+    MLPs; images share one Nature CNN trunk."""
+
+    def __init__(self, obs_space: gym.spaces.Box, action_space: gym.spaces.Discrete, cfg: Config):
+        super().__init__()
+        n_actions = int(action_space.n)
+        if is_image_space(obs_space):
+            self.actor_body = NatureCNN(obs_space.shape)
+            self.critic_body = None
+            feat = self.actor_body.out_size
+        else:
+            in_size = int(np.prod(obs_space.shape))
+            self.actor_body = mlp(in_size, cfg.hidden_sizes, cfg.activation)
+            self.critic_body = mlp(in_size, cfg.hidden_sizes, cfg.activation)
+            feat = cfg.hidden_sizes[-1]
+        self.policy_head = _layer(nn.Linear(feat, n_actions), gain=0.01)
+        self.value_head = _layer(nn.Linear(feat, 1), gain=1.0)
+        self.image = self.critic_body is None
+
+    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """obs [N, *obs_shape] -> (logits [N, A], values [N])."""
+        if self.image:
+            feat = self.actor_body(obs)
+            return self.policy_head(feat), self.value_head(feat).squeeze(-1)
+        x = obs.reshape(obs.shape[0], -1).float()
+        return self.policy_head(self.actor_body(x)), self.value_head(self.critic_body(x)).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = False):
+        """Returns (actions [N] int64, log_probs [N], values [N])."""
+        logits, values = self(obs)
+        log_probs_all = F.log_softmax(logits, dim=-1)
+        if deterministic:
+            actions = logits.argmax(dim=-1)
+        else:
+            actions = torch.multinomial(log_probs_all.exp(), 1).squeeze(-1)
+        return actions, log_probs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1), values
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
+        """Returns (log_probs [N], entropy [N], values [N]) of the given actions, with grad."""
+        logits, values = self(obs)
+        log_probs_all = F.log_softmax(logits, dim=-1)
+        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1)
+        return log_probs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy, values

@@ -1,0 +1,85 @@
+"""Policy worker: batches every pending request into one forward pass on its device.
+
+Observations are gathered from the shared slots by index; actions, log-probs, values and the policy
+version are written back in place, then each rollout worker gets the indices of its ready groups.
+"""
+from __future__ import annotations
+
+import queue
+import time
+from collections import defaultdict
+
+import torch
+
+from .buffers import SharedControl, SharedWeights, TrajectoryBuffers
+from .config import Config
+from .messages import Report, ReportKind
+from .models import ActorCritic
+from .timing import StageTimer
+
+REPORT_INTERVAL = 1.0
+
+
+class PolicyWorker:
+    def __init__(self, cfg: Config, policy_idx: int, obs_space, action_space, device: str,
+                 buffers: TrajectoryBuffers, weights: SharedWeights, ctl: SharedControl, queues,
+                 serial: bool = False):
+        self.cfg, self.policy_idx, self.device = cfg, policy_idx, torch.device(device)
+        self.obs_space, self.action_space = obs_space, action_space
+        self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
+        self.name = f"policy-{policy_idx}"
+        self.request_queue = queues.policy_request[policy_idx]
+        self.action_ready_queues = queues.action_ready
+        self.report_queue = queues.report
+        self.timer = StageTimer()
+
+    def init(self) -> None:
+        if self.cfg.seed is not None:
+            torch.manual_seed(self.cfg.seed + 10_000 + self.policy_idx)
+        self.model = ActorCritic(self.obs_space, self.action_space, self.cfg).to(self.device)
+        self.model.eval()
+        self.version = self.weights.load(self.model)
+        self.last_report = self.last_progress = time.perf_counter()
+
+    def close(self) -> None:
+        pass
+
+    def step(self, timeout: float) -> bool:
+        t0 = time.perf_counter()
+        try:
+            requests = self.request_queue.get_many(block=timeout > 0, timeout=timeout)
+        except queue.Empty:
+            self.timer.add("wait_requests", time.perf_counter() - t0)
+            return False
+        self.timer.add("wait_requests", time.perf_counter() - t0)
+        with self.timer("load_weights"):
+            self.version = self.weights.load_if_newer(self.model, self.version)
+        with self.timer("inference"):
+            self._infer(requests)
+        with self.timer("notify"):
+            ready = defaultdict(list)
+            for r in requests:
+                ready[r.worker_idx].append(r.group_idx)
+            for worker_idx, groups in ready.items():
+                self.action_ready_queues[worker_idx].put_many(groups)
+        now = time.perf_counter()
+        if now - self.last_report > REPORT_INTERVAL:
+            self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
+            self.last_report = now
+        return True
+
+    @torch.inference_mode()
+    def _infer(self, requests) -> None:
+        b = self.buffers
+        slot_idx = torch.tensor([r.slot_idx for r in requests])
+        t_idx = torch.tensor([r.t for r in requests])
+        obs = b.obs[slot_idx, t_idx]  # [R, E, *obs_shape], one gather
+        num_requests, num_envs = obs.shape[:2]
+        if self.device.type == "cuda":
+            obs = obs.pin_memory().to(self.device, non_blocking=True)
+        actions, log_probs, values = self.model.act(obs.flatten(0, 1))
+        shape = (num_requests, num_envs)
+        b.actions[slot_idx, t_idx] = actions.view(shape).cpu()
+        b.log_probs[slot_idx, t_idx] = log_probs.view(shape).cpu()
+        b.values[slot_idx, t_idx] = values.view(shape).cpu()
+        b.policy_versions[slot_idx, t_idx] = self.version

@@ -1,0 +1,156 @@
+"""Rollout worker: steps its envs in two groups, writing straight into shared trajectory slots.
+
+While the policy worker computes actions for one group, the worker steps the other (double-buffered
+sampling). Per group step the only messages are one ``PolicyRequest`` out and one group index in.
+"""
+from __future__ import annotations
+
+import queue
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from .buffers import SharedControl, TrajectoryBuffers
+from .config import Config
+from .messages import PolicyRequest, Report, ReportKind
+from .timing import StageTimer
+
+REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
+
+
+class EnvGroup:
+    """Half of a worker's envs and the trajectory slot they are writing."""
+
+    def __init__(self, envs: list, obs_shape: tuple, obs_dtype):
+        self.envs = envs
+        self.slot_idx: Optional[int] = None  # None: waiting for a free slot
+        self.t = 0
+        self.last_obs = np.zeros((len(envs), *obs_shape), obs_dtype)  # obs[T] of the last slot
+        self.ep_return = [0.0] * len(envs)
+        self.ep_length = [0] * len(envs)
+
+
+class RolloutWorker:
+    def __init__(self, cfg: Config, worker_idx: int, env_factory: Callable, buffers: TrajectoryBuffers,
+                 ctl: SharedControl, queues, serial: bool = False):
+        self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
+        self.buffers, self.ctl, self.serial = buffers, ctl, serial
+        self.name = f"rollout-{worker_idx}"
+        self.request_queue = queues.policy_request[worker_idx % cfg.num_policy_workers]
+        self.action_ready_queue = queues.action_ready[worker_idx]
+        self.free_slot_queue, self.full_slot_queue = queues.free_slot, queues.full_slot
+        self.report_queue = queues.report
+        self.timer = StageTimer()
+        self.groups: List[EnvGroup] = []
+
+    # --- set-up ---------------------------------------------------------------------------
+    def init(self) -> None:
+        cfg, b = self.cfg, self.buffers
+        self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
+        self.rewards_np, self.dones_np = b.rewards.numpy(), b.dones.numpy()
+        obs_shape, obs_dtype = self.obs_np.shape[3:], self.obs_np.dtype
+        E = cfg.envs_per_group
+        for g in range(2):
+            envs = [self.env_factory() for _ in range(E)]
+            group = EnvGroup(envs, obs_shape, obs_dtype)
+            for i, env in enumerate(envs):
+                seed = cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
+                env.action_space.seed(seed)
+                group.last_obs[i], _ = env.reset(seed=seed)
+            self.groups.append(group)
+        self.episodes: list = []
+        self.steps_since_report = 0
+        self.last_report = time.perf_counter()
+        self.last_progress = time.perf_counter()
+        self._claim_slots(timeout=self.cfg.worker_timeout)
+
+    def close(self) -> None:
+        if self.groups:
+            self.report()  # the last episodes and timings
+        for group in self.groups:
+            for env in group.envs:
+                env.close()
+
+    # --- the loop body --------------------------------------------------------------------
+    def step(self, timeout: float) -> bool:
+        """Step every group whose actions are ready; returns whether any work was done."""
+        if any(g.slot_idx is None for g in self.groups):
+            self._claim_slots(timeout=0.0 if self.serial else timeout)
+        t0 = time.perf_counter()
+        try:
+            ready = self.action_ready_queue.get_many(block=timeout > 0, timeout=timeout)
+        except queue.Empty:
+            self.timer.add("wait_actions", time.perf_counter() - t0)
+            self._check_stuck()
+            return False
+        self.timer.add("wait_actions", time.perf_counter() - t0)
+        for group_idx in ready:
+            self._step_group(self.groups[group_idx], group_idx)
+        self.last_progress = time.perf_counter()
+        if self.last_progress - self.last_report > REPORT_INTERVAL:
+            self.report()
+        return True
+
+    def _step_group(self, group: EnvGroup, group_idx: int) -> None:
+        slot, t = group.slot_idx, group.t
+        with self.timer("env_step"):
+            actions = self.actions_np[slot, t].tolist()
+            obs_out, rewards_out, dones_out = self.obs_np[slot, t + 1], self.rewards_np[slot, t], self.dones_np[slot, t]
+            ep_return, ep_length = group.ep_return, group.ep_length
+            for i, env in enumerate(group.envs):
+                obs, reward, terminated, truncated, _ = env.step(actions[i])
+                ep_return[i] += reward
+                ep_length[i] += 1
+                done = terminated or truncated
+                if done:
+                    self.episodes.append((ep_return[i], ep_length[i]))
+                    ep_return[i], ep_length[i] = 0.0, 0
+                    obs, _ = env.reset()
+                obs_out[i] = obs
+                rewards_out[i] = reward
+                dones_out[i] = done
+        self.steps_since_report += len(group.envs)
+        group.t = t + 1
+        if group.t < self.cfg.rollout:
+            self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, group.t))
+            return
+        # The slot is full: keep its last obs (the next slot's first), hand it to the learner.
+        group.last_obs[:] = self.obs_np[slot, group.t]
+        self.full_slot_queue.put(slot)
+        group.slot_idx = None
+        self._claim_slots(timeout=0.0)
+
+    def _claim_slots(self, timeout: float) -> None:
+        """Give a free slot to every group without one, and ask for its first actions."""
+        t0 = time.perf_counter()
+        for group_idx, group in enumerate(self.groups):
+            if group.slot_idx is not None:
+                continue
+            try:
+                slot = self.free_slot_queue.get(block=timeout > 0, timeout=timeout)
+            except queue.Empty:
+                continue
+            self.obs_np[slot, 0] = group.last_obs
+            group.slot_idx, group.t = slot, 0
+            self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, 0))
+        self.timer.add("wait_slot", time.perf_counter() - t0)
+
+    def _check_stuck(self) -> None:
+        waited = time.perf_counter() - self.last_progress
+        if not self.serial and waited > self.cfg.worker_timeout:
+            what = ("a free trajectory slot (the learner is not returning slots)"
+                    if any(g.slot_idx is None for g in self.groups)
+                    else "actions from the policy worker")
+            raise TimeoutError(f"{self.name} waited {waited:.0f} s for {what}; "
+                               f"raise worker_timeout if this is expected")
+
+    def report(self) -> None:
+        returns = [r for r, _ in self.episodes]
+        lengths = [n for _, n in self.episodes]
+        self.report_queue.put(Report(ReportKind.EPISODES, self.name,
+                                     (returns, lengths, self.steps_since_report)))
+        self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
+        self.episodes.clear()
+        self.steps_since_report = 0
+        self.last_report = time.perf_counter()

@@ -1,0 +1,25 @@
+from setuptools import setup
+
+setup(
+    name="asyncrl",
+    version="0.1.0",
+    description="Single-machine, high-throughput asynchronous APPO (V-trace + PPO clipping)",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    # The top-level envs/ folder is installed as asyncrl.envs (the bare name `envs` is taken on PyPI).
+    packages=["asyncrl", "asyncrl.envs"],
+    package_dir={"asyncrl": "asyncrl", "asyncrl.envs": "envs"},
+    install_requires=[
+        "torch>=2.1",
+        "numpy>=1.23",
+        "gymnasium>=1.0",
+        "faster-fifo>=1.4.5",
+        "psutil>=5.9",
+        "tensorboardX>=2.6",
+    ],
+    extras_require={
+        "atari": ["ale-py>=0.9"],
+        "tests": ["pytest>=7", "pytest-timeout>=2.1"],
+    },
+)
