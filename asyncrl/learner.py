@@ -142,18 +142,17 @@ class Learner:
         discounts = cfg.gamma * (~batch.dones).float()
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
         sums = None
-        for epoch in range(cfg.num_epochs):
-            with torch.no_grad():
-                log_probs, _, values = model.evaluate(obs_flat, torch.cat([actions, actions[:B]]))
-                log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
-                vt = vtrace(log_probs - batch.log_probs, discounts, batch.rewards, values[:T],
-                            values[T], clip_rho_threshold=cfg.vtrace_rho_clip,
-                            clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
-                            clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
-                if epoch == 0:
-                    old_values = values[:T].flatten()
-                    ev = explained_variance(old_values, vt.vs.flatten())
-                advantages, returns = vt.pg_advantages.flatten(), vt.vs.flatten()
+        with torch.no_grad():  # V-trace targets once per batch, with the policy it arrived to
+            log_probs, _, values = model.evaluate(obs_flat, torch.cat([actions, actions[:B]]))
+            log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
+            vt = vtrace(log_probs - batch.log_probs, discounts, batch.rewards, values[:T],
+                        values[T], clip_rho_threshold=cfg.vtrace_rho_clip,
+                        clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
+                        clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
+            old_values = values[:T].flatten()
+            advantages, returns = vt.pg_advantages.flatten(), vt.vs.flatten()
+            ev = explained_variance(old_values, returns)
+        for _ in range(cfg.num_epochs):
             for mb in torch.randperm(T * B, device=self.device).split(cfg.minibatch_size):
                 out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],
                                            advantages[mb], old_values[mb], returns[mb], mask[mb],

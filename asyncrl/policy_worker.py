@@ -38,6 +38,10 @@ class PolicyWorker:
             torch.manual_seed(self.cfg.seed + 10_000 + self.policy_idx)
         self.model = ActorCritic(self.obs_space, self.action_space, self.cfg).to(self.device)
         self.model.eval()
+        b = self.buffers  # numpy views: small fancy-indexed copies are cheaper than in torch
+        self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
+        self.log_probs_np, self.values_np = b.log_probs.numpy(), b.values.numpy()
+        self.versions_np = b.policy_versions.numpy()
         self.version = self.weights.load(self.model)
         self.last_report = self.last_progress = time.perf_counter()
 
@@ -70,16 +74,15 @@ class PolicyWorker:
 
     @torch.inference_mode()
     def _infer(self, requests) -> None:
-        b = self.buffers
-        slot_idx = torch.tensor([r.slot_idx for r in requests])
-        t_idx = torch.tensor([r.t for r in requests])
-        obs = b.obs[slot_idx, t_idx]  # [R, E, *obs_shape], one gather
+        slot_idx = [r.slot_idx for r in requests]
+        t_idx = [r.t for r in requests]
+        obs = torch.from_numpy(self.obs_np[slot_idx, t_idx])  # [R, E, *obs_shape], one gather
         num_requests, num_envs = obs.shape[:2]
         if self.device.type == "cuda":
             obs = obs.pin_memory().to(self.device, non_blocking=True)
         actions, log_probs, values = self.model.act(obs.flatten(0, 1))
         shape = (num_requests, num_envs)
-        b.actions[slot_idx, t_idx] = actions.view(shape).cpu()
-        b.log_probs[slot_idx, t_idx] = log_probs.view(shape).cpu()
-        b.values[slot_idx, t_idx] = values.view(shape).cpu()
-        b.policy_versions[slot_idx, t_idx] = self.version
+        self.actions_np[slot_idx, t_idx] = actions.cpu().numpy().reshape(shape)
+        self.log_probs_np[slot_idx, t_idx] = log_probs.cpu().numpy().reshape(shape)
+        self.values_np[slot_idx, t_idx] = values.cpu().numpy().reshape(shape)
+        self.versions_np[slot_idx, t_idx] = self.version
