@@ -1,0 +1,43 @@
+"""``python -m asyncrl``: train an agent on CartPole-v1 (or --env) with the defaults, then
+evaluate the greedy policy. Any config field can be set as ``--field value``."""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import time
+
+from . import APPO, Config
+
+
+def _parse_value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a plain string, e.g. --device cpu
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m asyncrl", description=__doc__)
+    ap.add_argument("--env", default="CartPole-v1", help="Gymnasium id (default: CartPole-v1)")
+    ap.add_argument("--steps", type=int, default=200_000, help="env steps to train for")
+    ap.add_argument("--eval_episodes", type=int, default=10)
+    ap.add_argument("--save", default=None, help="write the trained model to this path")
+    for f in dataclasses.fields(Config):
+        ap.add_argument(f"--{f.name}", type=_parse_value, default=argparse.SUPPRESS,
+                        help=f"{f.metadata['doc']} (default: {f.default!r})")
+    args = vars(ap.parse_args(argv))
+    env, steps, episodes, save = (args.pop(k) for k in ("env", "steps", "eval_episodes", "save"))
+    t0 = time.perf_counter()
+    with APPO(env, **args) as model:
+        model.train(steps)
+        mean, std = model.evaluate(episodes)
+        print(f"trained {model.num_timesteps:,} env steps in {time.perf_counter() - t0:.1f} s; "
+              f"greedy return over {episodes} episodes: {mean:.1f} +/- {std:.1f}")
+        if save:
+            model.save(save)
+            print(f"saved to {save}")
+
+
+if __name__ == "__main__":
+    main()
