@@ -7,7 +7,7 @@ import random
 import shutil
 import tempfile
 import weakref
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -66,9 +66,15 @@ class APPO:
         self.logger = TrainLogger(cfg.verbose, cfg.log_interval, cfg.stats_window, cfg.tensorboard_log)
 
     # --- training -------------------------------------------------------------------------
-    def train(self, train_for_env_steps: int) -> "APPO":
+    def train(self, train_for_env_steps: int, callback: Optional[Callable[["APPO"], Any]] = None,
+              callback_interval: float = 1.0) -> "APPO":
         """Train for ``train_for_env_steps`` more env steps (samples the learner trains on).
-        Starts the worker processes, and joins them before returning. Returns ``self``."""
+        Starts the worker processes, and joins them before returning. Returns ``self``.
+
+        :param callback: called as ``callback(self)`` in this process every ``callback_interval``
+            seconds while training, with ``self.policy`` holding the latest published weights
+            (so ``predict``/``evaluate`` work); returning ``False`` stops training early.
+        """
         if not isinstance(train_for_env_steps, (int, np.integer)) or train_for_env_steps < 1:
             raise ConfigError(f"train_for_env_steps={train_for_env_steps!r}: must be an integer >= 1")
         runner = Runner(self.config, self.env_factory, self.observation_space, self.action_space,
@@ -76,8 +82,16 @@ class APPO:
                         os.path.join(self._tmpdir, "optimizer.pt"), self.logger)
         self.policy_version, self.num_timesteps = runner.run(
             self.policy, self.policy_version, self.num_timesteps,
-            self.num_timesteps + int(train_for_env_steps))
+            self.num_timesteps + int(train_for_env_steps),
+            callback=None if callback is None else self._progress_hook(callback),
+            callback_interval=callback_interval)
         return self
+
+    def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[int], Any]:
+        def hook(trained_env_steps: int):
+            self.num_timesteps = trained_env_steps
+            return callback(self)
+        return hook
 
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = False) -> "APPO":
         """SB3's name for :meth:`train`."""

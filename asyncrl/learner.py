@@ -68,6 +68,7 @@ class Learner:
         self.timer = StageTimer()
         self.pending: List[int] = []
         self.finished = False
+        self.optimizer = None
 
     def init(self) -> None:
         cfg = self.cfg
@@ -84,7 +85,8 @@ class Learner:
         self.last_progress = time.perf_counter()
 
     def close(self) -> None:
-        pass
+        if self.finished or self.ctl.stopping:  # a normal end: keep Adam's moments for the next call
+            self.save_optimizer()
 
     def step(self, timeout: float) -> bool:
         need = self.cfg.slots_per_batch - len(self.pending)
@@ -113,7 +115,6 @@ class Learner:
         self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
         self.last_progress = time.perf_counter()
         if trained >= self.ctl[Ctl.TARGET_ENV_STEPS]:
-            self.save_optimizer()
             self.ctl[Ctl.LEARNER_DONE] = 1
             self.finished = True
         return True
@@ -126,6 +127,8 @@ class Learner:
                                "the rollout or policy workers are not producing")
 
     def save_optimizer(self) -> None:
+        if self.optimizer is None:
+            return
         tmp = self.optimizer_path + ".tmp"
         torch.save(self.optimizer.state_dict(), tmp)
         os.replace(tmp, self.optimizer_path)

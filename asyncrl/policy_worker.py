@@ -14,7 +14,7 @@ import torch
 from .buffers import SharedControl, SharedWeights, TrajectoryBuffers
 from .config import Config
 from .messages import Report, ReportKind
-from .models import ActorCritic
+from .models import ActorCritic, sample_actions
 from .timing import StageTimer
 
 REPORT_INTERVAL = 1.0
@@ -43,6 +43,7 @@ class PolicyWorker:
         self.log_probs_np, self.values_np = b.log_probs.numpy(), b.values.numpy()
         self.versions_np = b.policy_versions.numpy()
         self.version = self.weights.load(self.model)
+        self.forward = self.model.fused_forward()
         self.last_report = self.last_progress = time.perf_counter()
 
     def close(self) -> None:
@@ -57,7 +58,9 @@ class PolicyWorker:
             return False
         self.timer.add("wait_requests", time.perf_counter() - t0)
         with self.timer("load_weights"):
-            self.version = self.weights.load_if_newer(self.model, self.version)
+            version = self.weights.load_if_newer(self.model, self.version)
+            if version != self.version:
+                self.version, self.forward = version, self.model.fused_forward()
         with self.timer("inference"):
             self._infer(requests)
         with self.timer("notify"):
@@ -80,7 +83,7 @@ class PolicyWorker:
         num_requests, num_envs = obs.shape[:2]
         if self.device.type == "cuda":
             obs = obs.pin_memory().to(self.device, non_blocking=True)
-        actions, log_probs, values = self.model.act(obs.flatten(0, 1))
+        actions, log_probs, values = sample_actions(*self.forward(obs.flatten(0, 1)))
         shape = (num_requests, num_envs)
         self.actions_np[slot_idx, t_idx] = actions.cpu().numpy().reshape(shape)
         self.log_probs_np[slot_idx, t_idx] = log_probs.cpu().numpy().reshape(shape)

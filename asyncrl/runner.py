@@ -16,7 +16,7 @@ import signal
 import time
 import traceback
 import warnings
-from typing import Callable, List
+from typing import Any, Callable, List, Optional
 
 import faster_fifo
 import torch
@@ -126,10 +126,15 @@ class Runner:
         return out
 
     def run(self, model: torch.nn.Module, version: int, start_env_steps: int,
-            target_env_steps: int) -> tuple:
+            target_env_steps: int, callback: Optional[Callable[[int], Any]] = None,
+            callback_interval: float = 1.0) -> tuple:
         """Train ``model`` (CPU, updated in place) until the learner has trained on
-        ``target_env_steps`` samples in total. Returns (new version, trained env steps)."""
+        ``target_env_steps`` samples in total, or ``callback(trained_env_steps)`` returns False. It runs
+        in this process every ``callback_interval`` seconds, after ``model`` received the latest
+        published weights. Returns (new version, trained env steps)."""
         cfg = self.cfg
+        self.model, self.callback, self.callback_interval = model, callback, callback_interval
+        self.last_callback = time.monotonic()
         self.buffers = TrajectoryBuffers(cfg, self.obs_space.shape, self.storage_dtype)
         self.weights = SharedWeights(model, self.ctx.Lock(), version)
         self.ctl = SharedControl()
@@ -172,7 +177,10 @@ class Runner:
                     c.step(0.0)
                 self._drain_reports(raise_errors=True)
                 self.logger.maybe_log(self.ctl[Ctl.TRAINED_ENV_STEPS])
+                if self._callback_says_stop():
+                    break
         finally:
+            self.ctl[Ctl.STOP] = 1
             for c in components:
                 c.close()
 
@@ -189,9 +197,18 @@ class Runner:
                 self._drain_reports(raise_errors=True, timeout=LOOP_TIMEOUT)
                 self._check_alive()
                 self.logger.maybe_log(self.ctl[Ctl.TRAINED_ENV_STEPS])
+                if self._callback_says_stop():
+                    break
         finally:
             self.ctl[Ctl.STOP] = 1
             self._join_all()
+
+    def _callback_says_stop(self) -> bool:
+        if self.callback is None or time.monotonic() - self.last_callback < self.callback_interval:
+            return False
+        self.weights.load(self.model)
+        self.last_callback = time.monotonic()
+        return self.callback(self.ctl[Ctl.TRAINED_ENV_STEPS]) is False
 
     def _check_alive(self) -> None:
         for p in self.procs:
