@@ -34,19 +34,29 @@ class Batch(NamedTuple):
     policy_versions: torch.Tensor  # [T, B]
 
 
-def gather_batch(buffers: TrajectoryBuffers, slots: List[int], device: torch.device) -> Batch:
-    """Copy the given slots out of shared memory as time-major [T, B] tensors on ``device``."""
-    idx = torch.tensor(slots)
+class BatchGatherer:
+    """Copies slots out of shared memory into a time-major Batch on the learner's device, through
+    preallocated (pinned, when the device is a GPU) staging tensors: no allocation per batch."""
 
-    def tm(t: torch.Tensor) -> torch.Tensor:  # [k, T, E, ...] -> [T, k*E, ...]
-        x = t[idx].transpose(0, 1)
-        x = x.reshape(x.shape[0], -1, *x.shape[3:])
-        if device.type == "cuda":
-            return x.pin_memory().to(device, non_blocking=True)
-        return x
+    FIELDS = Batch._fields
 
-    return Batch(tm(buffers.obs), tm(buffers.actions), tm(buffers.log_probs), tm(buffers.rewards),
-                 tm(buffers.dones), tm(buffers.policy_versions))
+    def __init__(self, buffers: TrajectoryBuffers, slots_per_batch: int, device: torch.device):
+        self.buffers, self.device = buffers, device
+        pin = device.type == "cuda"
+        self.staging = {}
+        for name in self.FIELDS:
+            src = getattr(buffers, name)
+            self.staging[name] = torch.empty((slots_per_batch, *src.shape[1:]), dtype=src.dtype,
+                                             pin_memory=pin)
+
+    def __call__(self, slots: List[int]) -> Batch:
+        idx = torch.tensor(slots)
+        out = []
+        for name in self.FIELDS:
+            x = torch.index_select(getattr(self.buffers, name), 0, idx, out=self.staging[name])
+            x = x.to(self.device, non_blocking=True).transpose(0, 1)  # [k, T, E, ...] -> [T, k, E, ...]
+            out.append(x.reshape(x.shape[0], -1, *x.shape[3:]))      # -> [T, k*E, ...]
+        return Batch(*out)
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
@@ -82,6 +92,7 @@ class Learner:
             self.optimizer.load_state_dict(torch.load(self.optimizer_path, map_location=self.device))
             for group in self.optimizer.param_groups:  # the config may have changed between calls
                 group["lr"], group["eps"] = cfg.learning_rate, cfg.adam_eps
+        self.gather = BatchGatherer(self.buffers, cfg.slots_per_batch, self.device)
         self.last_progress = time.perf_counter()
 
     def close(self) -> None:
@@ -102,7 +113,7 @@ class Learner:
             return False
         slots, self.pending = self.pending, []
         with self.timer("gather"):
-            batch = gather_batch(self.buffers, slots, self.device)
+            batch = self.gather(slots)
         with self.timer("train"):
             stats = self.train_on(batch)
         self.version += 1

@@ -9,6 +9,7 @@ import queue
 import time
 from collections import defaultdict
 
+import numpy as np
 import torch
 
 from .buffers import SharedControl, SharedWeights, TrajectoryBuffers
@@ -42,6 +43,12 @@ class PolicyWorker:
         self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
         self.log_probs_np, self.values_np = b.log_probs.numpy(), b.values.numpy()
         self.versions_np = b.policy_versions.numpy()
+        S, T1, E = self.obs_np.shape[:3]
+        self.obs_flat_np, self.steps_per_slot = self.obs_np.reshape(S * T1, E, *self.obs_np.shape[3:]), T1
+        max_requests = 2 * len(self.action_ready_queues)  # each group has one request in flight at most
+        self.staging = torch.empty((max_requests, E, *self.obs_np.shape[3:]), dtype=b.obs.dtype,
+                                   pin_memory=self.device.type == "cuda")
+        self.staging_np = self.staging.numpy()
         self.version = self.weights.load(self.model)
         self.forward = self.model.fused_forward()
         self.last_report = self.last_progress = time.perf_counter()
@@ -77,14 +84,17 @@ class PolicyWorker:
 
     @torch.inference_mode()
     def _infer(self, requests) -> None:
-        slot_idx = [r.slot_idx for r in requests]
-        t_idx = [r.t for r in requests]
-        obs = torch.from_numpy(self.obs_np[slot_idx, t_idx])  # [R, E, *obs_shape], one gather
-        num_requests, num_envs = obs.shape[:2]
+        slot_idx = np.array([r.slot_idx for r in requests])
+        t_idx = np.array([r.t for r in requests])
+        num_requests = len(requests)
+        # One gather of [R, E, *obs_shape] straight into the (pinned) staging buffer.
+        obs = np.take(self.obs_flat_np, slot_idx * self.steps_per_slot + t_idx, axis=0,
+                      out=self.staging_np[:num_requests])
+        obs = self.staging[:num_requests].flatten(0, 1)
         if self.device.type == "cuda":
-            obs = obs.pin_memory().to(self.device, non_blocking=True)
-        actions, log_probs, values = sample_actions(*self.forward(obs.flatten(0, 1)))
-        shape = (num_requests, num_envs)
+            obs = obs.to(self.device, non_blocking=True)
+        actions, log_probs, values = sample_actions(*self.forward(obs))
+        shape = (num_requests, obs.shape[0] // num_requests)
         self.actions_np[slot_idx, t_idx] = actions.cpu().numpy().reshape(shape)
         self.log_probs_np[slot_idx, t_idx] = log_probs.cpu().numpy().reshape(shape)
         self.values_np[slot_idx, t_idx] = values.cpu().numpy().reshape(shape)

@@ -5,6 +5,7 @@ sampling). Per group step the only messages are one ``PolicyRequest`` out and on
 """
 from __future__ import annotations
 
+import pickle
 import queue
 import time
 from typing import Callable, List, Optional
@@ -32,7 +33,7 @@ class EnvGroup:
 
 
 class RolloutWorker:
-    def __init__(self, cfg: Config, worker_idx: int, env_factory: Callable, buffers: TrajectoryBuffers,
+    def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, buffers: TrajectoryBuffers,
                  ctl: SharedControl, queues, serial: bool = False):
         self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
         self.buffers, self.ctl, self.serial = buffers, ctl, serial
@@ -47,12 +48,17 @@ class RolloutWorker:
     # --- set-up ---------------------------------------------------------------------------
     def init(self) -> None:
         cfg, b = self.cfg, self.buffers
+        try:  # pickled separately so that a factory that cannot be imported here is named
+            make_env: Callable = pickle.loads(self.env_factory)
+        except Exception as e:
+            raise RuntimeError(f"{self.name} could not unpickle the env factory ({type(e).__name__}: "
+                               f"{e}); define it in a module the worker processes can import") from e
         self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
         self.rewards_np, self.dones_np = b.rewards.numpy(), b.dones.numpy()
         obs_shape, obs_dtype = self.obs_np.shape[3:], self.obs_np.dtype
         E = cfg.envs_per_group
         for g in range(2):
-            envs = [self.env_factory() for _ in range(E)]
+            envs = [make_env() for _ in range(E)]
             group = EnvGroup(envs, obs_shape, obs_dtype)
             for i, env in enumerate(envs):
                 seed = cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 import queue
 import signal
 import time
@@ -113,7 +114,7 @@ class Runner:
         """(name, constructor) of every component; the wiring is in the Queues they are given."""
         common = dict(cfg=self.cfg, buffers=self.buffers, ctl=self.ctl, queues=self.queues,
                       serial=serial)
-        out = [(f"rollout-{i}", Make(RolloutWorker, worker_idx=i, env_factory=self.env_factory,
+        out = [(f"rollout-{i}", Make(RolloutWorker, worker_idx=i, env_factory=pickle.dumps(self.env_factory),
                                      **common))
                for i in range(self.cfg.num_workers)]
         out += [(f"policy-{p}", Make(PolicyWorker, policy_idx=p, obs_space=self.obs_space,
