@@ -80,11 +80,13 @@ class APPO:
         runner = Runner(self.config, self.env_factory, self.observation_space, self.action_space,
                         self.device, storage_dtype(self.observation_space),
                         os.path.join(self._tmpdir, "optimizer.pt"), self.logger)
-        self.policy_version, self.num_timesteps = runner.run(
-            self.policy, self.policy_version, self.num_timesteps,
-            self.num_timesteps + int(train_for_env_steps),
-            callback=None if callback is None else self._progress_hook(callback),
-            callback_interval=callback_interval)
+        try:
+            runner.run(self.policy, self.policy_version, self.num_timesteps,
+                       self.num_timesteps + int(train_for_env_steps),
+                       callback=None if callback is None else self._progress_hook(callback),
+                       callback_interval=callback_interval)
+        finally:  # also after an error or Ctrl-C: the counters that match the kept weights
+            self.policy_version, self.num_timesteps = runner.version, runner.trained_env_steps
         return self
 
     def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[int], Any]:

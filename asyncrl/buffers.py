@@ -7,7 +7,9 @@ after a crash.
 """
 from __future__ import annotations
 
+import queue
 from enum import IntEnum
+from typing import Tuple
 
 import numpy as np
 import torch
@@ -68,39 +70,75 @@ class SharedControl:
         return bool(self.values[Ctl.STOP])
 
 
+class QueueLock:
+    """A cross-process lock made of a one-token faster-fifo queue: a process-shared pthread
+    mutex in anonymous shared memory, so unlike ``multiprocessing.Lock`` it leaves no named
+    semaphore in /dev/shm, even if its owner is killed. ``acquire`` takes a timeout."""
+
+    def __init__(self):
+        import faster_fifo
+        self.token_queue = faster_fifo.Queue(1000)
+        self.token_queue.put(True)
+
+    def acquire(self, timeout: float) -> bool:
+        try:
+            self.token_queue.get(timeout=timeout)
+            return True
+        except queue.Empty:
+            return False
+
+    def release(self) -> None:
+        self.token_queue.put(True)
+
+    def __enter__(self):
+        if not self.acquire(timeout=60.0):
+            raise TimeoutError("a shared lock stayed taken for 60 s: its holder died or hangs")
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 class SharedWeights:
     """The learner's parameters as one flat shared vector, plus a version counter.
 
     Readers reload only when the version moved (``load_if_newer``); a lock makes each copy whole.
     """
 
-    def __init__(self, model: nn.Module, lock, version: int = 0):
+    def __init__(self, model: nn.Module, version: int = 0, env_steps: int = 0):
         self.flat = torch.zeros(sum(p.numel() for p in model.parameters())).share_memory_()
-        self.version = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.lock = lock
-        self.publish(model, version)
+        self.meta = torch.zeros(2, dtype=torch.int64).share_memory_()  # version, env steps trained
+        self.lock = QueueLock()
+        self.publish(model, version, env_steps)
+
+    @property
+    def version(self) -> int:
+        return int(self.meta[0])
 
     @torch.no_grad()
-    def publish(self, model: nn.Module, version: int) -> None:
+    def publish(self, model: nn.Module, version: int, env_steps: int) -> None:
+        """Write the weights with their version and the env steps they were trained on."""
         vec = nn.utils.parameters_to_vector(model.parameters()).to("cpu")
         with self.lock:
             self.flat.copy_(vec)
-            self.version[0] = version
+            self.meta[0], self.meta[1] = version, env_steps
 
     @torch.no_grad()
-    def load(self, model: nn.Module, lock_timeout: float = 60.0) -> int:
+    def load(self, model: nn.Module, lock_timeout: float = 60.0) -> Tuple[int, int]:
+        """Copy the published weights into ``model``; returns (version, env steps trained)."""
         device = next(model.parameters()).device
         if not self.lock.acquire(timeout=lock_timeout):
             raise TimeoutError("the shared weights stayed locked: a writer died mid-publish")
         try:
             vec = self.flat.to(device, copy=True)
-            version = int(self.version[0])
+            version, env_steps = self.meta.tolist()
         finally:
             self.lock.release()
         nn.utils.vector_to_parameters(vec, model.parameters())
-        return version
+        return version, env_steps
 
     def load_if_newer(self, model: nn.Module, have_version: int) -> int:
-        if int(self.version[0]) == have_version:
+        """Reload only when the version moved; returns the version ``model`` now holds."""
+        if self.version == have_version:
             return have_version
-        return self.load(model)
+        return self.load(model)[0]

@@ -215,8 +215,9 @@ def with_algo_defaults(kwargs: dict) -> dict:
     if algo == "impala":
         implied["num_epochs"] = 1
     elif algo == "ppo":
-        per_round = get("num_workers") * get("num_envs_per_worker") * get("rollout")
-        if all(isinstance(v, int) for v in (per_round, get("minibatch_size"))):
+        counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size")]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts):
+            per_round = counts[0] * counts[1] * counts[2]  # bad counts are left to validation
             implied["batch_size"] = per_round
             if per_round % get("minibatch_size") and "minibatch_size" not in kwargs:
                 implied["minibatch_size"] = per_round

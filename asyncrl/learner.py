@@ -85,7 +85,7 @@ class Learner:
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + 20_000)
         self.model = ActorCritic(self.obs_space, self.action_space, cfg).to(self.device)
-        self.version = self.weights.load(self.model)
+        self.version, _ = self.weights.load(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                           eps=cfg.adam_eps)
         if os.path.exists(self.optimizer_path):
@@ -117,11 +117,11 @@ class Learner:
         with self.timer("train"):
             stats = self.train_on(batch)
         self.version += 1
-        with self.timer("publish"):
-            self.weights.publish(self.model, self.version)
-        self.free_slot_queue.put_many(slots)
         trained = self.ctl[Ctl.TRAINED_ENV_STEPS] + self.cfg.batch_size
+        with self.timer("publish"):
+            self.weights.publish(self.model, self.version, trained)
         self.ctl[Ctl.TRAINED_ENV_STEPS] = trained
+        self.free_slot_queue.put_many(slots)
         self.report_queue.put(Report(ReportKind.TRAIN, self.name, stats))
         self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
         self.last_progress = time.perf_counter()

@@ -49,7 +49,7 @@ class PolicyWorker:
         self.staging = torch.empty((max_requests, E, *self.obs_np.shape[3:]), dtype=b.obs.dtype,
                                    pin_memory=self.device.type == "cuda")
         self.staging_np = self.staging.numpy()
-        self.version = self.weights.load(self.model)
+        self.version, _ = self.weights.load(self.model)
         self.forward = self.model.fused_forward()
         self.last_report = self.last_progress = time.perf_counter()
 

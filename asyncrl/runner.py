@@ -137,38 +137,38 @@ class Runner:
         self.model, self.callback, self.callback_interval = model, callback, callback_interval
         self.last_callback = time.monotonic()
         self.buffers = TrajectoryBuffers(cfg, self.obs_space.shape, self.storage_dtype)
-        self.weights = SharedWeights(model, self.ctx.Lock(), version)
+        self.weights = SharedWeights(model, version, start_env_steps)
         self.ctl = SharedControl()
         self.ctl[Ctl.TRAINED_ENV_STEPS] = start_env_steps
         self.ctl[Ctl.TARGET_ENV_STEPS] = target_env_steps
         self.queues = Queues(cfg)
         self.queues.free_slot.put_many(list(range(cfg.num_slots)))
         self.logger.reset_run()
-        published = False
+        self.version, self.trained_env_steps = version, start_env_steps
         try:
             if cfg.serial_mode:
                 self._run_serial()
             else:
                 self._run_processes()
-            published = True
         finally:
             self.ctl[Ctl.STOP] = 1
-            # Keep whatever the learner last published, even after an error or Ctrl-C.
-            if published or self.ctl[Ctl.TRAINED_ENV_STEPS] > start_env_steps:
-                try:
-                    version = self.weights.load(model, lock_timeout=5.0)
-                except TimeoutError as e:  # never mask the error that ended the run
-                    warnings.warn(f"could not read the last published weights: {e}")
-            trained = self.ctl[Ctl.TRAINED_ENV_STEPS]
+            # Keep whatever the learner last published, even after an error or Ctrl-C, with the
+            # counters that match it.
+            try:
+                self.version, self.trained_env_steps = self.weights.load(model, lock_timeout=5.0)
+            except TimeoutError as e:  # never mask the error that ended the run
+                warnings.warn(f"could not read the last published weights: {e}")
             self._drain_reports(raise_errors=False)
-            self.logger.maybe_log(trained, force=True)
+            self.logger.maybe_log(self.trained_env_steps, force=True)
             self.queues.close()
             del self.buffers, self.weights
-        return version, trained
+        return self.version, self.trained_env_steps
 
     # --- serial mode: every component in this process, stepped in turn ---------------------
     def _run_serial(self) -> None:
         components = [make() for _, make in self.components(serial=True)]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as in the worker processes; restored below
         try:
             for c in components:
                 c.init()
@@ -182,6 +182,7 @@ class Runner:
                     break
         finally:
             self.ctl[Ctl.STOP] = 1
+            torch.set_num_threads(threads)
             for c in components:
                 c.close()
 
