@@ -39,7 +39,9 @@ class TrainLogger:
 
     def reset_run(self) -> None:
         """Called at the start of each train(): rates restart, episode statistics carry over."""
-        self.timings = {}
+        self.timings = {}          # component -> latest cumulative snapshot
+        self.timings_logged = {}   # component -> snapshot at the previous log line
+        self.last_seen = {}        # component -> time of its latest report
         self.train_sums, self.num_updates_since_log = defaultdict(float), 0
         self.last_train = {}
         self.fps_samples = deque()  # (time, trained env steps)
@@ -47,6 +49,7 @@ class TrainLogger:
         self.last_log = time.perf_counter()
 
     def on_report(self, report: Report) -> None:
+        self.last_seen[report.component] = time.monotonic()
         if report.kind is ReportKind.EPISODES:
             returns, lengths, steps = report.payload
             self.ep_returns.extend(returns)
@@ -95,6 +98,24 @@ class TrainLogger:
                     self.writer.add_scalar(k, v, trained_env_steps)
             self.writer.flush()
         self.train_sums, self.num_updates_since_log = defaultdict(float), 0
+        self.timings_logged = dict(self.timings)
+
+    def silence(self) -> str:
+        """'rollout-1 62 s, policy-0 0 s': how long since each component last reported."""
+        now = time.monotonic()
+        ages = sorted(((now - t, c) for c, t in self.last_seen.items()), reverse=True)
+        return ", ".join(f"{c} {age:.0f} s" for age, c in ages)
+
+    def recent_timings(self) -> dict:
+        """Each component's stage times since the previous log line (all of them at first)."""
+        out = {}
+        for component, snap in self.timings.items():
+            prev = self.timings_logged.get(component, {})
+            if prev.get("_wall", -1.0) < snap["_wall"]:
+                out[component] = {k: v - prev.get(k, 0.0) for k, v in snap.items()}
+            else:
+                out[component] = snap
+        return out
 
     def scalars(self) -> dict:
         out = {"time/fps": self.fps(FPS_WINDOWS[0]), "rollout/ep_rew_mean": self.ep_rew_mean,
@@ -108,7 +129,7 @@ class TrainLogger:
             out[f"train/{k}"] = v / n
         if "policy_lag_max" in self.last_train:
             out["train/policy_lag_max"] = self.last_train["policy_lag_max"]
-        for component, snap in self.timings.items():
+        for component, snap in self.recent_timings().items():
             wall = snap.get("_wall") or 1.0
             for stage, secs in snap.items():
                 if not stage.startswith("_"):
@@ -124,7 +145,7 @@ class TrainLogger:
         if "train/policy_lag_mean" in scalars:
             line += (f" | lag mean {scalars['train/policy_lag_mean']:.1f} "
                      f"max {scalars.get('train/policy_lag_max', 0):.0f}")
-        stages = " | ".join(f"{c}: {summarize(s)}" for c, s in sorted(self.timings.items()))
+        stages = " | ".join(f"{c}: {summarize(s)}" for c, s in sorted(self.recent_timings().items()))
         return line + ("\n          " + stages if stages and self.verbose >= 1 else "")
 
     def close(self) -> None:

@@ -247,4 +247,5 @@ class Runner:
                 self.logger.on_report(r)
         if errors and raise_errors:
             first = errors[0]
-            raise WorkerError(f"{first.component} failed:\n{first.payload}")
+            raise WorkerError(f"{first.component} failed:\n{first.payload}\n"
+                              f"time since each component's last report: {self.logger.silence()}")

@@ -1,0 +1,189 @@
+"""Config.from_kwargs and APPO(...) reject what asyncrl cannot run, saying what to change."""
+import dataclasses
+
+import gymnasium as gym
+import pytest
+import torch
+
+import custom_envs
+from asyncrl import APPO, Config, ConfigError
+
+SMALL = dict(num_workers=1, num_envs_per_worker=4, rollout=16, batch_size=128, minibatch_size=64,
+             device="cpu", verbose=0)
+
+
+def make(env="CartPole-v1", **kwargs):
+    model = APPO(env, **kwargs)
+    model.close()
+    return model
+
+
+def test_defaults_are_valid_and_frozen():
+    cfg = Config.from_kwargs({})
+    assert cfg == Config()
+    assert cfg.batch_size % cfg.slot_size == 0 and cfg.batch_size % cfg.minibatch_size == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.num_workers = 3
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_unknown_keyword_suggests_close_field():
+    expected = r"unknown argument 'learnig_rate' \(did you mean 'learning_rate'\?\)"
+    with pytest.raises(ConfigError, match=expected):
+        Config.from_kwargs({"learnig_rate": 1e-3})
+    with pytest.raises(ConfigError, match=r"did you mean 'num_envs_per_worker'"):
+        make(num_env_per_worker=4)
+
+
+def test_odd_num_envs_per_worker():
+    with pytest.raises(ConfigError, match=r"num_envs_per_worker=3.*even") as e:
+        Config.from_kwargs({"num_envs_per_worker": 3})
+    assert "num_envs_per_worker" in str(e.value)
+
+
+def test_batch_size_not_multiple_of_slot_suggests_value():
+    # slot = rollout x envs per group = 32 x 4 = 128; the nearest multiple of 1000 is 1024.
+    with pytest.raises(ConfigError) as e:
+        Config.from_kwargs({"rollout": 32, "num_envs_per_worker": 8, "batch_size": 1000,
+                            "minibatch_size": 500})
+    msg = str(e.value)
+    assert "batch_size=1000" in msg and "128" in msg
+    assert "try batch_size=1024" in msg
+    Config.from_kwargs({"rollout": 32, "num_envs_per_worker": 8, "batch_size": 1024,
+                        "minibatch_size": 512})  # the suggestion is accepted
+
+
+def test_minibatch_must_divide_batch():
+    with pytest.raises(ConfigError, match=r"minibatch_size=300 must divide batch_size=1024"):
+        Config.from_kwargs({"batch_size": 1024, "minibatch_size": 300})
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:", "cuda:x", "tpu:0", ""])
+def test_bad_device_string(device):
+    with pytest.raises(ConfigError, match=r"device=.*cpu"):
+        Config.from_kwargs({"device": device})
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "auto"])
+def test_valid_device_strings(device):
+    assert Config.from_kwargs({"device": device}).device == device
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_cuda_without_gpu_is_config_error(device):
+    with pytest.raises(ConfigError, match=r"device='cuda.*no CUDA"):
+        make(device=device)
+
+
+def test_auto_device_resolves_to_something_usable():
+    model = make(**{**SMALL, "device": "auto"})
+    assert model.device == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_invalid_algo():
+    expected = r"algo='a2c': must be one of \('appo', 'impala', 'ppo'\)"
+    with pytest.raises(ConfigError, match=expected):
+        make(algo="a2c")
+
+
+def test_several_errors_in_one_message():
+    with pytest.raises(ConfigError) as e:
+        Config.from_kwargs({"num_workers": 0, "learning_rate": -1.0, "activation": "sigmoid",
+                            "gamma": 1.5})
+    msg = str(e.value)
+    for field in ("num_workers=0", "learning_rate=-1.0", "activation='sigmoid'", "gamma=1.5"):
+        assert field in msg
+
+
+def test_bad_values_are_reported_before_cross_field_checks():
+    """rollout=0 would divide by zero in the batch_size check: it must come out as a ConfigError."""
+    with pytest.raises(ConfigError, match=r"rollout=0: must be an integer >= 1"):
+        Config.from_kwargs({"rollout": 0, "batch_size": 1000})
+    with pytest.raises(ConfigError, match=r"num_envs_per_worker='8'"):
+        Config.from_kwargs({"num_envs_per_worker": "8"})
+
+
+def test_impala_with_explicit_epochs_is_error():
+    with pytest.raises(ConfigError, match=r"num_epochs=4: algo='impala'"):
+        make(algo="impala", num_epochs=4)
+
+
+def test_impala_defaults_to_one_epoch():
+    assert make(algo="impala", **SMALL).config.num_epochs == 1
+
+
+def test_ppo_default_batch_is_one_rollout_of_every_env():
+    cfg = make(algo="ppo", num_workers=2, num_envs_per_worker=4, rollout=16, device="cpu").config
+    assert cfg.batch_size == 2 * 4 * 16
+    assert cfg.batch_size % cfg.minibatch_size == 0
+    assert cfg.num_slots == cfg.slots_per_batch  # synchronous: one batch of slots
+    # An explicit, inconsistent batch_size is reported, not silently replaced.
+    with pytest.raises(ConfigError, match=r"batch_size=256: algo='ppo'.*= 128"):
+        make(algo="ppo", num_workers=2, num_envs_per_worker=4, rollout=16, batch_size=256,
+             minibatch_size=128)
+
+
+@pytest.mark.parametrize("bad", [dict(num_workers=None), dict(rollout=0), dict(num_workers="2")])
+def test_ppo_with_bad_count_is_config_error(bad):
+    """algo='ppo' derives batch_size from the counts: a bad count must still be a ConfigError."""
+    (name,) = bad
+    with pytest.raises(ConfigError, match=name):
+        make(algo="ppo", **bad)
+
+
+def test_unregistered_env_id_suggests_close_match():
+    with pytest.raises(ConfigError, match=r"'CartPol-v1' is not a registered.*'CartPole-v1'"):
+        make("CartPol-v1")
+
+
+def test_env_instance_rejected():
+    env = gym.make("CartPole-v1")
+    try:
+        with pytest.raises(ConfigError, match=r"not an env instance"):
+            make(env)
+    finally:
+        env.close()
+
+
+def test_unpicklable_factory_rejected():
+    with pytest.raises(ConfigError, match=r"cannot be pickled.*(lambda|module level)"):
+        make(lambda: gym.make("CartPole-v1"))
+
+
+def test_box_action_space_rejected():
+    with pytest.raises(ConfigError, match=r"action space Box.*not supported yet"):
+        make(custom_envs.box_action_env)
+
+
+def test_dict_observation_space_rejected():
+    with pytest.raises(ConfigError, match=r"observation space Dict.*not supported yet"):
+        make(custom_envs.dict_obs_env)
+
+
+def test_observation_outside_declared_space_rejected():
+    with pytest.raises(ConfigError, match=r"first observation.*observation_space"):
+        make(custom_envs.out_of_space_env)
+
+
+def test_module_level_factory_accepted():
+    model = make(custom_envs.cartpole, **SMALL)
+    assert model.observation_space.shape == (4,)
+    assert model.action_space.n == 2
+    action, _ = model.predict(model.observation_space.sample())
+    assert int(action) in (0, 1)
+
+
+def test_env_kwargs_with_factory_rejected():
+    with pytest.raises(ConfigError, match=r"env_kwargs"):
+        APPO(custom_envs.cartpole, env_kwargs={"max_episode_steps": 10})
+
+
+@pytest.mark.parametrize("steps", [0, -5, 1.5, "100"])
+def test_bad_train_budget(steps):
+    model = make(**SMALL)
+    with pytest.raises(ConfigError, match=r"train_for_env_steps"):
+        model.train(steps)

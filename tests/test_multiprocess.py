@@ -1,0 +1,190 @@
+"""A real multi-process run: it trains, and every way out of train() (done, a worker's exception,
+Ctrl-C) leaves no child process and no shared-memory entry behind."""
+import multiprocessing.resource_tracker as resource_tracker
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+import custom_envs
+from asyncrl import APPO, WorkerError
+
+SMALL = dict(num_workers=2, num_envs_per_worker=4, rollout=16, batch_size=256, minibatch_size=128,
+             device="cpu", seed=0, verbose=0)
+NUM_COMPONENTS = SMALL["num_workers"] + 2  # rollout-0, rollout-1, policy-0, learner
+
+
+def worker_children():
+    """Live descendants of this process, except Python's own resource tracker (started once by
+    multiprocessing on its first semaphore, for the life of the interpreter)."""
+    tracker_pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.pid == tracker_pid or "multiprocessing.resource_tracker" in " ".join(c.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(c)
+    return out
+
+
+def shm_entries():
+    return set(os.listdir("/dev/shm"))
+
+
+def shm_inodes_used_by_other_processes():
+    """Inodes of the /dev/shm files mapped or held open by a process other than this one. Matched
+    by inode, not name: glibc creates a named semaphore under a temporary name and then links it,
+    so its creator's maps show the temporary name."""
+    inodes = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if "/dev/shm/" in line:
+                        inodes.add(int(line.split()[4]))
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                    inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except OSError:
+            continue
+    return inodes
+
+
+def new_shm_entries(before):
+    """Entries of /dev/shm created since ``before`` and not in use by another program running
+    beside the tests (this machine may be shared): what this process left behind."""
+    others = shm_inodes_used_by_other_processes()
+    leftover = set()
+    for name in shm_entries() - before:
+        try:
+            if os.stat(os.path.join("/dev/shm", name)).st_ino not in others:
+                leftover.add(name)
+        except FileNotFoundError:  # removed meanwhile
+            continue
+    return leftover
+
+
+def params(model):
+    return [p.detach().clone() for p in model.policy.parameters()]
+
+
+def changed(before, model):
+    return any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))
+
+
+def test_run_trains_and_shuts_down_cleanly():
+    assert worker_children() == []
+    shm_before = shm_entries()
+    with APPO("CartPole-v1", **SMALL) as model:
+        before = params(model)
+        model.train(20_000)
+        assert worker_children() == []
+        assert new_shm_entries(shm_before) == set()
+        assert model.num_timesteps == 79 * 256  # the smallest multiple of batch_size >= 20_000
+        assert model.policy_version == 79
+        assert changed(before, model)
+        assert model.logger.num_episodes > 0
+        assert 0 <= model.logger.last_train["policy_lag_max"] <= model.config.max_policy_lag
+        # The model goes on training from where it stopped, with new processes.
+        model.train(256)
+        assert model.num_timesteps == 80 * 256 and model.policy_version == 80
+    assert worker_children() == []
+    assert new_shm_entries(shm_before) == set()
+
+
+def run_until_exception(model, steps, exc_type, shm_before):
+    """train() until it raises ``exc_type``; then what it left behind, as seen from the ``except``
+    block that caught it."""
+    t0 = time.monotonic()
+    error = None
+    try:
+        model.train(steps)
+    except exc_type as exc:
+        error = exc
+    elapsed = time.monotonic() - t0
+    # Looked at while the exception (its traceback, every frame it holds) is still referenced.
+    return dict(error_type=type(error), message=str(error), elapsed=elapsed,
+                children=worker_children(), new_shm=new_shm_entries(shm_before))
+
+
+@pytest.fixture(scope="module")
+def failed_run():
+    """A rollout worker's env raises in step() after a few steps."""
+    shm_before = shm_entries()
+    with APPO(custom_envs.failing_env, **SMALL) as model:
+        yield run_until_exception(model, 10_000_000, WorkerError, shm_before)
+
+
+def test_env_exception_raises_worker_error_and_cleans_up(failed_run):
+    assert failed_run["error_type"] is WorkerError
+    msg = failed_run["message"]
+    assert "rollout-" in msg
+    assert custom_envs.FAIL_MESSAGE in msg and "RuntimeError" in msg  # the env's own traceback
+    assert failed_run["elapsed"] < 60, f"the failure took {failed_run['elapsed']:.0f} s to surface"
+    assert failed_run["children"] == []
+    assert failed_run["new_shm"] == set()
+
+
+@pytest.fixture(scope="module")
+def interrupted_run():
+    """train() in the main thread; another thread sends SIGINT to this process once every
+    component runs, the learner has published at least once and ~4 s have passed."""
+    shm_before = shm_entries()
+    model = APPO("CartPole-v1", **SMALL)
+    initial = params(model)
+    running, sent = threading.Event(), threading.Event()
+
+    def interrupt():
+        start = time.monotonic()
+        while running.is_set() and time.monotonic() - start < 60:
+            ready = len(worker_children()) >= NUM_COMPONENTS and model.logger.last_train
+            if ready and time.monotonic() - start >= 4.0:
+                break
+            time.sleep(0.2)
+        if running.is_set():
+            sent.set()
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=interrupt, daemon=True)
+    running.set()
+    sender.start()
+    try:
+        out = run_until_exception(model, 100_000_000, KeyboardInterrupt, shm_before)
+    finally:
+        running.clear()
+    sender.join(timeout=5)
+    out.update(model=model, sent=sent.is_set(), weights_changed=changed(initial, model))
+    yield out
+    model.close()
+
+
+def test_ctrl_c_propagates_and_cleans_up(interrupted_run):
+    assert interrupted_run["sent"], "train() ended before the interrupt was sent"
+    assert interrupted_run["error_type"] is KeyboardInterrupt
+    assert interrupted_run["elapsed"] < 90
+    assert interrupted_run["children"] == []
+    assert interrupted_run["new_shm"] == set()
+    # What the learner had published is kept in the model.
+    assert interrupted_run["weights_changed"]
+
+
+def test_ctrl_c_keeps_counters_consistent_with_weights(interrupted_run):
+    """The weights kept after Ctrl-C come with the env steps and version they were trained to."""
+    model = interrupted_run["model"]
+    assert interrupted_run["weights_changed"]
+    assert model.num_timesteps > 0
+    assert model.num_timesteps % model.config.batch_size == 0
+    assert model.policy_version == model.num_timesteps // model.config.batch_size
+    before, steps = params(model), model.num_timesteps
+    model.train(256)  # and training goes on from there
+    assert model.num_timesteps == steps + 256
+    assert model.policy_version == model.num_timesteps // model.config.batch_size
+    assert changed(before, model)

@@ -1,0 +1,116 @@
+"""Shared tensors written in a spawned child are read in the parent (and back), as workers do."""
+import sys
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from asyncrl import Config
+from asyncrl.buffers import SharedWeights, TrajectoryBuffers
+
+CFG = Config.from_kwargs(dict(num_workers=1, num_envs_per_worker=4, rollout=8, batch_size=16,
+                              minibatch_size=16))
+OBS_SHAPE = (4,)
+SLOT, T_IDX = 2, 5
+
+
+def _spawn(target, *args):
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=target, args=args, daemon=True)
+    proc.start()
+    proc.join(timeout=90)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        raise AssertionError("child process did not finish")
+    return proc.exitcode
+
+
+def _write_trajectory(buffers):
+    """Child: writes one step of one slot as a rollout + policy worker would."""
+    buffers.obs[SLOT, T_IDX] = torch.arange(2 * 4, dtype=torch.float32).view(2, 4) + 0.5
+    buffers.actions[SLOT, T_IDX] = torch.tensor([1, 0])
+    buffers.log_probs[SLOT, T_IDX] = torch.tensor([-0.25, -1.5])
+    buffers.rewards[SLOT, T_IDX] = 1.0
+    buffers.dones[SLOT, T_IDX, 1] = True
+    buffers.policy_versions[SLOT, T_IDX] = 42
+
+
+def _check_and_publish(weights, expected_flat, expected, new):
+    """Child: load what the parent published, check it, publish new weights.
+    ``expected`` and ``new`` are (version, env steps trained)."""
+    model = nn.Linear(3, 2)
+    loaded = weights.load(model)
+    got = nn.utils.parameters_to_vector(model.parameters())
+    ok = tuple(loaded) == expected and torch.equal(got, expected_flat)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.arange(p.numel(), dtype=torch.float32).view_as(p) * 0.1)
+    weights.publish(model, *new)
+    sys.exit(0 if ok else 3)
+
+
+def test_new_buffers_hold_sentinels():
+    b = TrajectoryBuffers(CFG, OBS_SHAPE, np.dtype(np.float32))
+    S, T, E = CFG.num_slots, CFG.rollout, CFG.envs_per_group
+    assert b.obs.shape == (S, T + 1, E, *OBS_SHAPE) and b.obs.dtype == torch.float32
+    for name in ("actions", "log_probs", "values", "rewards", "dones", "policy_versions"):
+        assert getattr(b, name).shape == (S, T, E), name
+    assert torch.isnan(b.log_probs).all() and torch.isnan(b.values).all()
+    assert torch.isnan(b.rewards).all()
+    assert (b.actions == -1).all() and (b.policy_versions == -1).all()
+    assert not b.dones.any()
+    for t in vars(b).values():
+        assert t.is_shared()
+
+
+def test_image_obs_stay_uint8():
+    b = TrajectoryBuffers(CFG, (4, 84, 84), np.dtype(np.uint8))
+    assert b.obs.dtype == torch.uint8 and b.obs.shape[3:] == (4, 84, 84)
+
+
+def test_trajectory_written_in_child_is_read_in_parent():
+    b = TrajectoryBuffers(CFG, OBS_SHAPE, np.dtype(np.float32))
+    assert _spawn(_write_trajectory, b) == 0
+    torch.testing.assert_close(b.obs[SLOT, T_IDX],
+                               torch.arange(8, dtype=torch.float32).view(2, 4) + 0.5)
+    assert b.actions[SLOT, T_IDX].tolist() == [1, 0]
+    assert b.log_probs[SLOT, T_IDX].tolist() == [-0.25, -1.5]
+    assert b.rewards[SLOT, T_IDX].tolist() == [1.0, 1.0]
+    assert b.dones[SLOT, T_IDX].tolist() == [False, True]
+    assert b.policy_versions[SLOT, T_IDX].tolist() == [42, 42]
+    # Nothing else was touched: the sentinels still show everywhere else.
+    assert (b.actions == -1).sum() == b.actions.numel() - 2
+    assert torch.isnan(b.log_probs).sum() == b.log_probs.numel() - 2
+    assert (b.obs != 0).sum() == 8
+
+
+def test_shared_weights_round_trip_across_processes():
+    torch.manual_seed(0)
+    parent_model = nn.Linear(3, 2)
+    weights = SharedWeights(parent_model, version=3, env_steps=300)
+    assert weights.version == 3
+    expected = nn.utils.parameters_to_vector(parent_model.parameters()).detach().clone()
+
+    assert _spawn(_check_and_publish, weights, expected, (3, 300), (4, 400)) == 0, \
+        "the child did not see the parent's weights, version and env steps"
+    assert weights.version == 4
+
+    reader = nn.Linear(3, 2)
+    assert weights.load_if_newer(reader, 3) == 4
+    for p in reader.parameters():
+        torch.testing.assert_close(p.detach(),
+                                   torch.arange(p.numel(), dtype=torch.float32).view_as(p) * 0.1)
+
+    # Same version: nothing is copied, the local weights stay as they are.
+    other = nn.Linear(3, 2)
+    before = [p.detach().clone() for p in other.parameters()]
+    assert weights.load_if_newer(other, 4) == 4
+    for p, q in zip(other.parameters(), before):
+        assert torch.equal(p.detach(), q)
+    # load() always copies, and the counters come with the weights.
+    assert tuple(weights.load(other)) == (4, 400)
+    for p in other.parameters():
+        torch.testing.assert_close(p.detach(),
+                                   torch.arange(p.numel(), dtype=torch.float32).view_as(p) * 0.1)
