@@ -22,7 +22,8 @@ class TrajectoryBuffers:
     """``num_slots`` slots, each one env group's trajectory of ``rollout`` steps:
 
     obs [S, T+1, E, *obs_shape] (obs[:, T] is the state after the last step), and
-    actions, log_probs, values, rewards, dones, policy_versions, each [S, T, E].
+    actions, log_probs, values, rewards, dones, truncated, policy_versions, each [S, T, E]
+    (``dones`` is terminated or truncated; ``truncated`` marks time-limit ends among them).
     """
 
     def __init__(self, cfg: Config, obs_shape: tuple, obs_dtype: np.dtype):
@@ -38,6 +39,7 @@ class TrajectoryBuffers:
         self.values = shared((S, T, E), torch.float32, float("nan"))
         self.rewards = shared((S, T, E), torch.float32, float("nan"))
         self.dones = shared((S, T, E), torch.bool, False)
+        self.truncated = shared((S, T, E), torch.bool, False)
         self.policy_versions = shared((S, T, E), torch.int64, -1)
 
     def nbytes(self) -> int:

@@ -45,8 +45,8 @@ class Config:
     adam_eps: float = _f(1e-5, "Adam epsilon.")
     num_epochs: int = _f(4, "Passes over each batch (IMPALA: 1).")
     minibatch_size: int = _f(512, "Samples per gradient step; must divide batch_size.")
-    gamma: float = _f(0.99, "Discount factor.")
-    vtrace_lambda: float = _f(0.95, "Trace-cutting lambda of V-trace (1.0: the IMPALA paper's).")
+    gamma: float = _f(0.98, "Discount factor.")
+    vtrace_lambda: float = _f(0.8, "Trace-cutting lambda of V-trace (1.0: the IMPALA paper's).")
     vtrace_rho_clip: float = _f(1.0, "V-trace rho-bar: clip of importance weights in the targets.")
     vtrace_c_clip: float = _f(1.0, "V-trace c-bar: clip of the trace coefficients.")
     vtrace_pg_rho_clip: float = _f(1.0, "Clip of importance weights in the policy-gradient advantages.")
@@ -57,6 +57,10 @@ class Config:
     vf_coef: float = _f(0.5, "Value loss coefficient.")
     max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
     normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
+    bootstrap_truncation: bool = _f(
+        True, "At a time-limit truncation, add gamma x V(last observation before the limit) to "
+        "the reward instead of treating the state as terminal (the final observation itself is "
+        "not stored; its predecessor's value stands in for it).")
     max_policy_lag: int = _f(
         50, "Samples made by a policy more than this many versions older than the learner's are "
         "masked out of the loss.")
@@ -165,6 +169,8 @@ class Config:
         check(isinstance(self.hidden_sizes, tuple) and len(self.hidden_sizes) >= 1
               and all(is_int(h) and h >= 1 for h in self.hidden_sizes), "hidden_sizes",
               "must be a non-empty tuple of positive integers, e.g. (64, 64)")
+        for name in ("serial_mode", "normalize_advantages", "bootstrap_truncation"):
+            check(isinstance(getattr(self, name), bool), name, "must be True or False")
         check(self.activation in ("tanh", "relu"), "activation", 'must be "tanh" or "relu"')
         check(self.tensorboard_log is None or isinstance(self.tensorboard_log, str),
               "tensorboard_log", "must be a directory path or None")

@@ -30,7 +30,8 @@ class Batch(NamedTuple):
     actions: torch.Tensor          # [T, B]
     log_probs: torch.Tensor        # [T, B] behaviour policy
     rewards: torch.Tensor          # [T, B]
-    dones: torch.Tensor            # [T, B]
+    dones: torch.Tensor            # [T, B] terminated or truncated
+    truncated: torch.Tensor        # [T, B] time-limit ends
     policy_versions: torch.Tensor  # [T, B]
 
 
@@ -159,7 +160,10 @@ class Learner:
         with torch.no_grad():  # V-trace targets once per batch, with the policy it arrived to
             log_probs, _, values = model.evaluate(obs_flat, torch.cat([actions, actions[:B]]))
             log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
-            vt = vtrace(log_probs - batch.log_probs, discounts, batch.rewards, values[:T],
+            rewards = batch.rewards
+            if cfg.bootstrap_truncation:  # a time limit is not a terminal state
+                rewards = rewards + cfg.gamma * values[:T] * batch.truncated
+            vt = vtrace(log_probs - batch.log_probs, discounts, rewards, values[:T],
                         values[T], clip_rho_threshold=cfg.vtrace_rho_clip,
                         clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
                         clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)

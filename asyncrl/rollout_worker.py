@@ -55,6 +55,7 @@ class RolloutWorker:
                                f"{e}); define it in a module the worker processes can import") from e
         self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
         self.rewards_np, self.dones_np = b.rewards.numpy(), b.dones.numpy()
+        self.truncated_np = b.truncated.numpy()
         obs_shape, obs_dtype = self.obs_np.shape[3:], self.obs_np.dtype
         E = cfg.envs_per_group
         for g in range(2):
@@ -102,7 +103,8 @@ class RolloutWorker:
         slot, t = group.slot_idx, group.t
         with self.timer("env_step"):
             actions = self.actions_np[slot, t].tolist()
-            obs_out, rewards_out, dones_out = self.obs_np[slot, t + 1], self.rewards_np[slot, t], self.dones_np[slot, t]
+            obs_out, rewards_out = self.obs_np[slot, t + 1], self.rewards_np[slot, t]
+            dones_out, truncated_out = self.dones_np[slot, t], self.truncated_np[slot, t]
             ep_return, ep_length = group.ep_return, group.ep_length
             for i, env in enumerate(group.envs):
                 obs, reward, terminated, truncated, _ = env.step(actions[i])
@@ -116,6 +118,7 @@ class RolloutWorker:
                 obs_out[i] = obs
                 rewards_out[i] = reward
                 dones_out[i] = done
+                truncated_out[i] = truncated and not terminated
         self.steps_since_report += len(group.envs)
         group.t = t + 1
         if group.t < self.cfg.rollout:
