@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import queue
 import time
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Tuple
 
 import torch
 from torch import nn
@@ -17,7 +17,7 @@ from .losses import ppo_loss
 from .messages import Report, ReportKind
 from .models import ActorCritic
 from .timing import StageTimer
-from .vtrace import vtrace
+from .vtrace import VTraceReturns, vtrace
 
 
 MINIBATCH_STATS = ("policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
@@ -145,31 +145,39 @@ class Learner:
         torch.save(self.optimizer.state_dict(), tmp)
         os.replace(tmp, self.optimizer_path)
 
-    def train_on(self, batch: Batch) -> dict:
-        cfg, model = self.cfg, self.model
+    @torch.no_grad()
+    def targets(self, batch: Batch) -> Tuple[VTraceReturns, torch.Tensor]:
+        """V-trace targets of ``batch`` under the current model, once per batch, and the
+        model's values V(x_t) [T, B] before this update (for value clipping)."""
+        cfg = self.cfg
         T, B = batch.actions.shape
-        obs_flat = batch.obs.flatten(0, 1)          # [(T+1)*B, ...]
+        actions = batch.actions.flatten()
+        log_probs, _, values = self.model.evaluate(batch.obs.flatten(0, 1),
+                                                   torch.cat([actions, actions[:B]]))
+        log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
+        rewards = batch.rewards
+        if cfg.bootstrap_truncation:  # a time limit is not a terminal state
+            rewards = rewards + cfg.gamma * values[:T] * batch.truncated
+        discounts = cfg.gamma * (~batch.dones).float()
+        vt = vtrace(log_probs - batch.log_probs, discounts, rewards, values[:T], values[T],
+                    clip_rho_threshold=cfg.vtrace_rho_clip,
+                    clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
+                    clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
+        return vt, values[:T]
+
+    def train_on(self, batch: Batch) -> dict:
+        cfg = self.cfg
+        T, B = batch.actions.shape
         obs_steps = batch.obs[:T].flatten(0, 1)     # [T*B, ...]
         actions = batch.actions.flatten()
         behaviour_log_probs = batch.log_probs.flatten()
         lag = (self.version - batch.policy_versions).float()
         mask = (lag <= cfg.max_policy_lag).float().flatten()
-        discounts = cfg.gamma * (~batch.dones).float()
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
+        vt, old_values = self.targets(batch)
+        advantages, returns, old_values = vt.pg_advantages.flatten(), vt.vs.flatten(), old_values.flatten()
+        ev = explained_variance(old_values, returns)
         sums = None
-        with torch.no_grad():  # V-trace targets once per batch, with the policy it arrived to
-            log_probs, _, values = model.evaluate(obs_flat, torch.cat([actions, actions[:B]]))
-            log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
-            rewards = batch.rewards
-            if cfg.bootstrap_truncation:  # a time limit is not a terminal state
-                rewards = rewards + cfg.gamma * values[:T] * batch.truncated
-            vt = vtrace(log_probs - batch.log_probs, discounts, rewards, values[:T],
-                        values[T], clip_rho_threshold=cfg.vtrace_rho_clip,
-                        clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
-                        clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
-            old_values = values[:T].flatten()
-            advantages, returns = vt.pg_advantages.flatten(), vt.vs.flatten()
-            ev = explained_variance(old_values, returns)
         for _ in range(cfg.num_epochs):
             for mb in torch.randperm(T * B, device=self.device).split(cfg.minibatch_size):
                 out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],

@@ -86,3 +86,26 @@ class OutOfSpaceEnv(gym.Env):
 
 def out_of_space_env():
     return OutOfSpaceEnv()
+
+
+class TinyImageEnv(gym.Env):
+    """uint8 [C, H, W] frames (the Nature CNN path); reward 1 for action 1, episodes of 20 steps."""
+
+    observation_space = gym.spaces.Box(0, 255, (2, 44, 44), np.uint8)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._frame(), {}
+
+    def _frame(self):
+        return self.np_random.integers(0, 256, (2, 44, 44), dtype=np.uint8)
+
+    def step(self, action):
+        self.t += 1
+        return self._frame(), float(action == 1), False, self.t >= 20, {}
+
+
+def tiny_image_env():
+    return TinyImageEnv()

@@ -1,0 +1,73 @@
+"""The learner's targets: time-limit truncation bootstraps, termination does not."""
+import gymnasium as gym
+import pytest
+import torch
+
+import custom_envs
+from asyncrl import APPO, Config
+from asyncrl.learner import Batch, Learner
+from asyncrl.models import ActorCritic
+
+T, B = 5, 3
+
+
+def make_learner(**overrides):
+    cfg = Config(seed=0, **overrides)
+    env = gym.make("CartPole-v1")
+    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", None, None, None,
+                      type("Q", (), {"full_slot": None, "free_slot": None, "report": None}), "/nonexistent")
+    learner.model = ActorCritic(env.observation_space, env.action_space, cfg)
+    return learner
+
+
+def on_policy_batch(learner, done_at, truncated):
+    torch.manual_seed(1)
+    obs = torch.randn(T + 1, B, 4)
+    actions = torch.randint(0, 2, (T, B))
+    with torch.no_grad():  # behaviour = current policy: log rho = 0
+        log_probs, _, _ = learner.model.evaluate(obs[:T].flatten(0, 1), actions.flatten())
+    dones = torch.zeros(T, B, dtype=torch.bool)
+    dones[done_at] = True
+    trunc = torch.zeros(T, B, dtype=torch.bool)
+    trunc[done_at] = truncated
+    return Batch(obs, actions, log_probs.view(T, B), torch.ones(T, B), dones, trunc,
+                 torch.zeros(T, B, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_truncation_bootstraps_from_value(bootstrap):
+    learner = make_learner(bootstrap_truncation=bootstrap)
+    batch = on_policy_batch(learner, done_at=(2, 1), truncated=True)
+    vt, values = learner.targets(batch)
+    gamma = learner.cfg.gamma
+    # discount 0 at the end: v_s = r_s (+ gamma * V(x_s) when the end was a time limit)
+    expected = 1.0 + (gamma * values[2, 1] if bootstrap else 0.0)
+    assert vt.vs[2, 1].item() == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_termination_never_bootstraps():
+    learner = make_learner(bootstrap_truncation=True)
+    batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
+    vt, _ = learner.targets(batch)
+    assert vt.vs[2, 1].item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_image_env_trains_in_serial_mode_with_uint8_obs():
+    with APPO(custom_envs.tiny_image_env, num_workers=1, num_envs_per_worker=2, rollout=8,
+              batch_size=16, minibatch_size=8, serial_mode=True, seed=0, verbose=0) as model:
+        assert model.policy.image  # the Nature CNN was chosen for uint8 [C, H, W]
+        before = [p.clone() for p in model.policy.parameters()]
+        model.train(64)
+        assert model.num_timesteps == 64
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))
+        obs = model.observation_space.sample()
+        action, _ = model.predict(obs, deterministic=True)
+        assert 0 <= int(action) < 3
+
+
+def test_readme_documents_every_config_field():
+    import dataclasses
+    import pathlib
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    missing = [f.name for f in dataclasses.fields(Config) if f"| `{f.name}` | `{f.default!r}` |" not in readme]
+    assert not missing, f"README's config table is out of date for {missing}: paste Config().describe()"
