@@ -60,6 +60,7 @@ class APPO:
         self.policy.eval()
         self.num_timesteps = 0   # env steps trained on, over all train() calls
         self.policy_version = 0  # weight updates published by the learner
+        self._num_runs = 0       # train() calls so far (moves the seeds of each call)
         self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
         cfg = self.config
@@ -79,7 +80,8 @@ class APPO:
             raise ConfigError(f"train_for_env_steps={train_for_env_steps!r}: must be an integer >= 1")
         runner = Runner(self.config, self.env_factory, self.observation_space, self.action_space,
                         self.device, storage_dtype(self.observation_space),
-                        os.path.join(self._tmpdir, "optimizer.pt"), self.logger)
+                        os.path.join(self._tmpdir, "optimizer.pt"), self.logger, self._num_runs)
+        self._num_runs += 1
         try:
             runner.run(self.policy, self.policy_version, self.num_timesteps,
                        self.num_timesteps + int(train_for_env_steps),
@@ -89,16 +91,20 @@ class APPO:
             self.policy_version, self.num_timesteps = runner.version, runner.trained_env_steps
         return self
 
-    def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[int], Any]:
-        def hook(trained_env_steps: int):
-            self.num_timesteps = trained_env_steps
+    def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[int, int], Any]:
+        def hook(version: int, trained_env_steps: int):
+            self.policy_version, self.num_timesteps = version, trained_env_steps
             return callback(self)
         return hook
 
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = False) -> "APPO":
         """SB3's name for :meth:`train`."""
         if callback is not None:
-            raise NotImplementedError("callbacks are not supported yet; call train() in a loop")
+            raise NotImplementedError("SB3 callback objects are not supported yet; use "
+                                      "train(total_timesteps, callback=fn) with fn(model) -> bool")
+        if progress_bar:
+            raise NotImplementedError("progress_bar=True is not supported yet; the console "
+                                      "summary (verbose=1) reports progress")
         return self.train(total_timesteps)
 
     # --- acting ---------------------------------------------------------------------------
@@ -146,6 +152,9 @@ class APPO:
                        exact_match: bool = True) -> None:
         """Load ``{policy_id: state_dict or path}`` (a path to a file of :meth:`save` or a
         ``torch.save``-d state dict). Mismatched keys or shapes raise, naming them."""
+        if isinstance(params, (str, os.PathLike)) or (
+                isinstance(params, dict) and params and all(isinstance(k, str) for k in params)):
+            params = {POLICY_ID: params}  # SB3 style: one path or one state dict
         if not isinstance(params, dict):
             raise TypeError(f"params must be a dict {{policy_id: state_dict or path}}, got {type(params).__name__}")
         unknown = [k for k in params if k != POLICY_ID]
@@ -192,7 +201,7 @@ class APPO:
         blob = {"state_dict": self.policy.state_dict(), "config": self.config.__dict__.copy(),
                 "env_factory": self.env_factory, "num_timesteps": self.num_timesteps,
                 "policy_version": self.policy_version,
-                "optimizer": torch.load(opt_path) if os.path.exists(opt_path) else None}
+                "optimizer": torch.load(opt_path, map_location="cpu") if os.path.exists(opt_path) else None}
         tmp = path.with_name(path.name + ".tmp")
         torch.save(blob, tmp)
         os.replace(tmp, path)
@@ -200,7 +209,11 @@ class APPO:
     @classmethod
     def load(cls, path: Union[str, os.PathLike], env: Any = None, **overrides) -> "APPO":
         """Rebuild a model from :meth:`save`; ``overrides`` replace config fields."""
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=False)
+        except (AttributeError, ModuleNotFoundError) as e:
+            raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); it was "
+                               "probably defined in a script's __main__: pass env=... to load()") from e
         model = cls(env if env is not None else blob["env_factory"], **{**blob["config"], **overrides})
         model.policy.load_state_dict(blob["state_dict"])
         model.num_timesteps, model.policy_version = blob["num_timesteps"], blob["policy_version"]

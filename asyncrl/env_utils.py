@@ -64,9 +64,10 @@ def probe_env(factory: Callable) -> Tuple[gym.spaces.Box, gym.spaces.Discrete]:
     except Exception as e:
         raise ConfigError(f"the env factory {factory!r} failed in the main process: "
                           f"{type(e).__name__}: {e}") from e
+    if not isinstance(env, gym.Env):
+        raise ConfigError(f"the env factory returned {type(env).__name__}, not a gymnasium.Env "
+                          "(a missing `return`?)")
     try:
-        if not isinstance(env, gym.Env):
-            raise ConfigError(f"the env factory returned {type(env).__name__}, not a gymnasium.Env")
         obs_space, act_space = env.observation_space, env.action_space
         check_spaces(obs_space, act_space)
         obs, _ = env.reset(seed=0)
@@ -87,6 +88,16 @@ def check_spaces(obs_space, act_space) -> None:
     if not isinstance(obs_space, gym.spaces.Box):
         raise ConfigError(f"observation space {obs_space} is not supported yet: asyncrl supports "
                           "Box observations (vectors, or uint8 images as [C, H, W])")
+    if len(obs_space.shape) == 3 and obs_space.dtype == np.uint8:
+        c, h, w = obs_space.shape
+        if obs_space.shape[-1] in (1, 3, 4) and c > 4:
+            raise ConfigError(
+                f"image observations of shape {obs_space.shape} look channel-last [H, W, C]; asyncrl "
+                "expects [C, H, W]: wrap the env to transpose them (np.transpose(obs, (2, 0, 1)) and "
+                "a matching Box)")
+        if h < 36 or w < 36:
+            raise ConfigError(f"image observations of shape {obs_space.shape} are smaller than the "
+                              "Nature CNN's 36 x 36 minimum; resize them (Atari uses 84 x 84)")
     if obs_space.dtype.type not in OBS_DTYPES:
         raise ConfigError(f"observation dtype {obs_space.dtype} is not supported: use one of "
                           f"{[np.dtype(d).name for d in OBS_DTYPES]}")

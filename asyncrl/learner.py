@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import queue
 import time
-from typing import List, NamedTuple, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -94,7 +94,8 @@ class Learner:
             for group in self.optimizer.param_groups:  # the config may have changed between calls
                 group["lr"], group["eps"] = cfg.learning_rate, cfg.adam_eps
         self.gather = BatchGatherer(self.buffers, cfg.slots_per_batch, self.device)
-        self.last_progress = time.perf_counter()
+        # The first batch also waits for env construction and the policy worker's start-up.
+        self.last_progress = time.perf_counter() + cfg.worker_timeout
 
     def close(self) -> None:
         if self.finished or self.ctl.stopping:  # a normal end: keep Adam's moments for the next call
@@ -117,6 +118,8 @@ class Learner:
             batch = self.gather(slots)
         with self.timer("train"):
             stats = self.train_on(batch)
+        if stats is None:  # stopped mid-update: publish nothing half-trained
+            return False
         self.version += 1
         trained = self.ctl[Ctl.TRAINED_ENV_STEPS] + self.cfg.batch_size
         with self.timer("publish"):
@@ -165,7 +168,8 @@ class Learner:
                     clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
         return vt, values[:T]
 
-    def train_on(self, batch: Batch) -> dict:
+    def train_on(self, batch: Batch) -> Optional[dict]:
+        """One update over ``batch``; None if the run was stopped in the middle of it."""
         cfg = self.cfg
         T, B = batch.actions.shape
         obs_steps = batch.obs[:T].flatten(0, 1)     # [T*B, ...]
@@ -180,6 +184,8 @@ class Learner:
         sums = None
         for _ in range(cfg.num_epochs):
             for mb in torch.randperm(T * B, device=self.device).split(cfg.minibatch_size):
+                if self.ctl.stopping:
+                    return None
                 out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],
                                            advantages[mb], old_values[mb], returns[mb], mask[mb],
                                            clip_coef)

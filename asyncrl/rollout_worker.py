@@ -44,6 +44,9 @@ class RolloutWorker:
         self.report_queue = queues.report
         self.timer = StageTimer()
         self.groups: List[EnvGroup] = []
+        self.envs: list = []  # every env built so far, closed even if init fails half-way
+        self.episodes: list = []
+        self.steps_since_report = 0
 
     # --- set-up ---------------------------------------------------------------------------
     def init(self) -> None:
@@ -59,25 +62,30 @@ class RolloutWorker:
         obs_shape, obs_dtype = self.obs_np.shape[3:], self.obs_np.dtype
         E = cfg.envs_per_group
         for g in range(2):
-            envs = [make_env() for _ in range(E)]
+            envs = []
+            for _ in range(E):
+                envs.append(make_env())
+                self.envs.append(envs[-1])
             group = EnvGroup(envs, obs_shape, obs_dtype)
             for i, env in enumerate(envs):
                 seed = cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
                 env.action_space.seed(seed)
                 group.last_obs[i], _ = env.reset(seed=seed)
             self.groups.append(group)
-        self.episodes: list = []
-        self.steps_since_report = 0
         self.last_report = time.perf_counter()
         self.last_progress = time.perf_counter()
         self._claim_slots(timeout=self.cfg.worker_timeout)
 
     def close(self) -> None:
-        if self.groups:
-            self.report()  # the last episodes and timings
-        for group in self.groups:
-            for env in group.envs:
-                env.close()
+        try:
+            if len(self.groups) == 2:
+                self.report()  # the last episodes and timings
+        finally:
+            for env in self.envs:
+                try:
+                    env.close()
+                except Exception:  # a broken env must not keep the others open
+                    pass
 
     # --- the loop body --------------------------------------------------------------------
     def step(self, timeout: float) -> bool:

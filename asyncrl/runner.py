@@ -104,8 +104,11 @@ class Runner:
     """One ``train()`` call: allocates buffers and queues, runs the graph, tears it down."""
 
     def __init__(self, cfg: Config, env_factory: Callable, obs_space, action_space, device: str,
-                 storage_dtype, optimizer_path: str, logger: TrainLogger):
-        self.cfg, self.env_factory, self.device = cfg, env_factory, device
+                 storage_dtype, optimizer_path: str, logger: TrainLogger, run_idx: int = 0):
+        # Each train() call draws fresh env resets and sampling noise: the seed moves per call.
+        self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * run_idx) % 2 ** 31)
+        self.env_factory, self.device = env_factory, device
+        self.version = self.trained_env_steps = None  # set by run()
         self.obs_space, self.action_space = obs_space, action_space
         self.storage_dtype, self.optimizer_path, self.logger = storage_dtype, optimizer_path, logger
         self.ctx = mp.get_context("spawn")
@@ -127,25 +130,25 @@ class Runner:
         return out
 
     def run(self, model: torch.nn.Module, version: int, start_env_steps: int,
-            target_env_steps: int, callback: Optional[Callable[[int], Any]] = None,
+            target_env_steps: int, callback: Optional[Callable[[int, int], Any]] = None,
             callback_interval: float = 1.0) -> tuple:
         """Train ``model`` (CPU, updated in place) until the learner has trained on
-        ``target_env_steps`` samples in total, or ``callback(trained_env_steps)`` returns False. It runs
+        ``target_env_steps`` samples in total, or ``callback(version, trained_env_steps)`` returns False. It runs
         in this process every ``callback_interval`` seconds, after ``model`` received the latest
         published weights. Returns (new version, trained env steps)."""
         cfg = self.cfg
         self.model, self.callback, self.callback_interval = model, callback, callback_interval
         self.last_callback = time.monotonic()
+        self.version, self.trained_env_steps = version, start_env_steps
+        self.logger.reset_run()
         self.buffers = TrajectoryBuffers(cfg, self.obs_space.shape, self.storage_dtype)
         self.weights = SharedWeights(model, version, start_env_steps)
         self.ctl = SharedControl()
         self.ctl[Ctl.TRAINED_ENV_STEPS] = start_env_steps
         self.ctl[Ctl.TARGET_ENV_STEPS] = target_env_steps
         self.queues = Queues(cfg)
-        self.queues.free_slot.put_many(list(range(cfg.num_slots)))
-        self.logger.reset_run()
-        self.version, self.trained_env_steps = version, start_env_steps
         try:
+            self.queues.free_slot.put_many(list(range(cfg.num_slots)))
             if cfg.serial_mode:
                 self._run_serial()
             else:
@@ -191,7 +194,9 @@ class Runner:
         self.procs = []
         try:
             for name, make in self.components(serial=False):
-                p = self.ctx.Process(target=component_main, name=name, daemon=True,
+                # Not daemonic, so that an env may start processes of its own; every exit path
+                # joins them below, and they die with this process (parent-death signal).
+                p = self.ctx.Process(target=component_main, name=name, daemon=False,
                                      args=(name, make, self.ctl, self.queues.report, os.getpid()))
                 p.start()
                 self.procs.append(p)
@@ -208,9 +213,9 @@ class Runner:
     def _callback_says_stop(self) -> bool:
         if self.callback is None or time.monotonic() - self.last_callback < self.callback_interval:
             return False
-        self.weights.load(self.model)
+        self.version, self.trained_env_steps = self.weights.load(self.model)
         self.last_callback = time.monotonic()
-        return self.callback(self.ctl[Ctl.TRAINED_ENV_STEPS]) is False
+        return self.callback(self.version, self.trained_env_steps) is False
 
     def _check_alive(self) -> None:
         for p in self.procs:

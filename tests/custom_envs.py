@@ -109,3 +109,16 @@ class TinyImageEnv(gym.Env):
 
 def tiny_image_env():
     return TinyImageEnv()
+
+
+def returns_none():
+    """A factory with a forgotten `return`."""
+    gym.make("CartPole-v1")
+
+
+class ChannelLastImageEnv(TinyImageEnv):
+    observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+
+
+def channel_last_image_env():
+    return ChannelLastImageEnv()

@@ -166,3 +166,17 @@ def test_context_manager(obs_batch):
             tmpdir = m._tmpdir
             raise RuntimeError("inside the block")
     assert not os.path.exists(tmpdir)
+
+
+def test_set_parameters_accepts_a_bare_state_dict_or_path(model, obs_batch, tmp_path):
+    other = make(seed=123)
+    sd = other.get_parameters()[0]
+    model.set_parameters(sd)  # SB3 style, no policy id
+    assert np.array_equal(model.predict(obs_batch, deterministic=True)[0],
+                          other.predict(obs_batch, deterministic=True)[0])
+    path = tmp_path / "other.pt"
+    other.save(path)
+    model.set_parameters(str(path))
+    assert np.array_equal(model.predict(obs_batch, deterministic=True)[0],
+                          other.predict(obs_batch, deterministic=True)[0])
+    other.close()

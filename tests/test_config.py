@@ -187,3 +187,13 @@ def test_bad_train_budget(steps):
     model = make(**SMALL)
     with pytest.raises(ConfigError, match=r"train_for_env_steps"):
         model.train(steps)
+
+
+def test_factory_returning_none_is_config_error():
+    with pytest.raises(ConfigError, match="NoneType, not a gymnasium.Env"):
+        make(custom_envs.returns_none)
+
+
+def test_channel_last_images_rejected_with_advice():
+    with pytest.raises(ConfigError, match=r"channel-last.*\[C, H, W\]"):
+        make(custom_envs.channel_last_image_env)
