@@ -50,10 +50,10 @@ class Config:
     vtrace_rho_clip: float = _f(1.0, "V-trace rho-bar: clip of importance weights in the targets.")
     vtrace_c_clip: float = _f(1.0, "V-trace c-bar: clip of the trace coefficients.")
     vtrace_pg_rho_clip: float = _f(1.0, "Clip of importance weights in the policy-gradient advantages.")
-    clip_coef: float = _f(0.2, "PPO ratio clipping epsilon.")
+    clip_coef: float = _f(0.15, "PPO ratio clipping epsilon.")
     vf_clip_coef: Optional[float] = _f(
         None, "Clip of the value change per update (None: unclipped value loss).")
-    ent_coef: float = _f(0.0, "Entropy bonus coefficient.")
+    ent_coef: float = _f(0.005, "Entropy bonus coefficient.")
     vf_coef: float = _f(0.5, "Value loss coefficient.")
     max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
     normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
