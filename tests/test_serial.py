@@ -78,3 +78,17 @@ def test_ppo_runs_serial_with_zero_policy_lag():
         # Synchronous collection: every sample of every batch came from the latest policy.
         assert m.logger.last_train["policy_lag_max"] == 0
         assert m.logger.last_train["masked_fraction"] == 0.0
+
+
+def test_tensorboard_scalars_under_sb3_names(tmp_path):
+    with APPO("CartPole-v1", batch_size=128, tensorboard_log=str(tmp_path), log_interval=0.01,
+              **TINY) as m:
+        m.train(1024)
+    run_dirs = sorted(p.name for p in tmp_path.iterdir())
+    assert run_dirs == ["APPO_1"]
+    data = b"".join(f.read_bytes() for f in (tmp_path / "APPO_1").iterdir())
+    for tag in (b"rollout/ep_rew_mean", b"time/fps", b"train/policy_loss", b"train/value_loss",
+                b"train/entropy_loss", b"train/approx_kl", b"train/clip_fraction",
+                b"train/explained_variance", b"train/learning_rate", b"train/policy_lag_mean",
+                b"train/policy_lag_max"):
+        assert tag in data, tag
