@@ -19,7 +19,7 @@ setup(
         "tensorboardX>=2.6",
     ],
     extras_require={
-        "atari": ["ale-py>=0.9"],
-        "tests": ["pytest>=7", "pytest-timeout>=2.1"],
+        "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],
+        "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5"],
     },
 )

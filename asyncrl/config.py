@@ -57,6 +57,9 @@ class Config:
     vf_coef: float = _f(0.5, "Value loss coefficient.")
     max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
     normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
+    reward_clip: Optional[float] = _f(
+        None, "Clip rewards to [-reward_clip, reward_clip] in the learner (Atari: 1.0); logged "
+        "episode returns stay raw. None: no clipping.")
     bootstrap_truncation: bool = _f(
         True, "At a time-limit truncation, add gamma x V(last observation before the limit) to "
         "the reward instead of treating the state as terminal (the final observation itself is "
@@ -164,6 +167,8 @@ class Config:
         for name in ("gamma", "vtrace_lambda"):
             check(is_num(getattr(self, name)) and 0 <= getattr(self, name) <= 1, name,
                   "must be a number in [0, 1]")
+        check(self.reward_clip is None or (is_num(self.reward_clip) and self.reward_clip > 0),
+              "reward_clip", "must be None or a number > 0")
         check(self.vf_clip_coef is None or (is_num(self.vf_clip_coef) and self.vf_clip_coef > 0),
               "vf_clip_coef", "must be None or a number > 0")
         check(isinstance(self.hidden_sizes, tuple) and len(self.hidden_sizes) >= 1

@@ -163,6 +163,8 @@ class Learner:
                                                    torch.cat([actions, actions[:B]]))
         log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
         rewards = batch.rewards
+        if cfg.reward_clip is not None:  # logged returns stay raw: the workers sum raw rewards
+            rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         if cfg.bootstrap_truncation:  # a time limit is not a terminal state
             rewards = rewards + cfg.gamma * values[:T] * batch.truncated
         discounts = cfg.gamma * (~batch.dones).float()

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from .atari import is_atari_id, make_atari, register as register_atari
+
 DEFAULT_ENV = "CartPole-v1"
 
 
 def make_env(env_id: str, **kwargs) -> gym.Env:
-    """Build a Gymnasium env by id, registering optional env families first."""
+    """Build a Gymnasium env by id; ALE ids get the DeepMind preprocessing (see envs/atari.py)."""
+    if is_atari_id(env_id):
+        return make_atari(env_id, **kwargs)
     return gym.make(env_id, **kwargs)
 
 
 def env_ids() -> list:
-    """Ids this process can make (for error messages)."""
+    """Ids this process can make (for error messages), ALE ones included when ale-py is installed."""
+    register_atari()
     return sorted(gym.registry.keys())

@@ -1,0 +1,58 @@
+"""Atari (ALE) envs with the DeepMind preprocessing, from ale-py's bundled ROMs (no download).
+
+Each step, as documented by Machado et al. (2018) and the Nature DQN paper, and configurable:
+- ``noop_max``: up to this many no-op actions after reset (random start states);
+- ``frame_skip``: each action repeated this many frames, the observation the max of the last two
+  (removes flicker);
+- ``screen_size``: frames converted to grayscale and resized to ``screen_size`` x ``screen_size``;
+- ``frame_stack``: the last this-many frames stacked channel-first, uint8 ``[frame_stack, 84, 84]``;
+- sticky actions: the ``ALE/...-v5`` ids repeat the previous action with probability 0.25 (v5's
+  definition); the ``...NoFrameskip-v4`` ids have none. ``repeat_action_probability=`` overrides;
+- ``episodic_life``: a life loss ends the episode for learning (off by default);
+- ``fire_reset``: press FIRE after reset, for games that wait for it (off by default).
+Rewards are left raw here: clipping belongs in the learner, so logged returns are game scores.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+
+
+def is_atari_id(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or "NoFrameskip" in env_id
+
+
+def register() -> bool:
+    """Register the ALE ids in this process (every spawned worker calls it through make_env).
+    Returns False when ale-py is not installed."""
+    try:
+        import ale_py
+    except ImportError:
+        return False
+    gym.register_envs(ale_py)
+    return True
+
+
+class FireReset(gym.Wrapper):
+    """Press FIRE once after each reset (games such as Breakout wait for it)."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self.env.step(1)
+        if terminated or truncated:
+            obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def make_atari(env_id: str, *, frame_skip: int = 4, noop_max: int = 30, screen_size: int = 84,
+               frame_stack: int = 4, episodic_life: bool = False, fire_reset: bool = False,
+               **make_kwargs) -> gym.Env:
+    """An ALE env with the DeepMind preprocessing; ``make_kwargs`` go to ``gym.make``."""
+    if not register():
+        raise ImportError(f"{env_id!r} needs ale-py: pip install 'asyncrl[atari]'")
+    env = gym.make(env_id, frameskip=1, **make_kwargs)  # frame skipping is done below, with max-pooling
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=frame_skip,
+                                          screen_size=screen_size,
+                                          terminal_on_life_loss=episodic_life)
+    if fire_reset:
+        env = FireReset(env)
+    return gym.wrappers.FrameStackObservation(env, frame_stack)

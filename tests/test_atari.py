@@ -1,0 +1,99 @@
+"""Atari preprocessing (envs/atari.py), reward clipping in the learner, and a Pong smoke run."""
+import numpy as np
+import pytest
+import torch
+
+from asyncrl import APPO
+from asyncrl.envs import make_env
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+
+@pytest.fixture(scope="module")
+def pong():
+    env = make_env("ALE/Pong-v5")
+    yield env
+    env.close()
+
+
+def test_observations_are_stacked_uint8_84x84(pong):
+    assert pong.observation_space.shape == (4, 84, 84)
+    assert pong.observation_space.dtype == np.uint8
+    obs, _ = pong.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+
+
+def test_stack_shifts_by_one_frame_per_step(pong):
+    obs, _ = pong.reset(seed=1)
+    for _ in range(30):  # play until frames differ
+        nxt, *_ = pong.step(pong.action_space.sample())
+        np.testing.assert_array_equal(nxt[:-1], obs[1:])  # oldest frame dropped, newest appended
+        obs = nxt
+    assert not np.array_equal(obs[0], obs[-1])
+
+
+@pytest.mark.parametrize("env_id,sticky", [("ALE/Pong-v5", 0.25), ("PongNoFrameskip-v4", 0.0)])
+def test_sticky_actions_as_the_id_defines(env_id, sticky):
+    env = make_env(env_id)
+    assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(sticky)
+    env.close()
+    off = make_env(env_id, repeat_action_probability=0.0)
+    assert off.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+    off.close()
+
+
+def test_frame_skip_max_pools_the_last_two_frames():
+    """Against a raw env stepped in lockstep: each step repeats the action 4 frames and keeps the
+    max of the last two grayscale frames, resized to 84 x 84."""
+    import cv2
+    import gymnasium as gym
+    from asyncrl.envs.atari import make_atari, register
+    register()
+    env = make_atari("ALE/Pong-v5", frame_stack=1, noop_max=0, repeat_action_probability=0.0)
+    raw = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0, obs_type="grayscale")
+    env.reset(seed=3)
+    raw.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        a = int(rng.integers(env.action_space.n))
+        obs, *_ = env.step(a)
+        frames = [raw.step(a)[0] for _ in range(4)]
+        expected = cv2.resize(np.maximum(frames[2], frames[3]), (84, 84), interpolation=cv2.INTER_AREA)
+        np.testing.assert_array_equal(obs[0], expected)
+    env.close()
+    raw.close()
+
+
+def test_reward_clipping_in_learner_keeps_raw_returns():
+    from asyncrl.learner import Learner, Batch
+    from asyncrl import Config
+    import gymnasium as gym
+    from asyncrl.models import ActorCritic
+    cfg = Config(seed=0, reward_clip=1.0)
+    env = gym.make("CartPole-v1")
+    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", None, None, None,
+                      type("Q", (), {"full_slot": None, "free_slot": None, "report": None}), "/x")
+    learner.model = ActorCritic(env.observation_space, env.action_space, cfg)
+    T, B = 3, 2
+    obs, actions = torch.randn(T + 1, B, 4), torch.zeros(T, B, dtype=torch.int64)
+    with torch.no_grad():
+        log_probs, _, _ = learner.model.evaluate(obs[:T].flatten(0, 1), actions.flatten())
+    dones = torch.ones(T, B, dtype=torch.bool)  # every step terminal: v_s = clipped r_s
+    batch = Batch(obs, actions, log_probs.view(T, B), torch.tensor([[21.0, -5.0]] * T), dones,
+                  torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64))
+    vt, _ = learner.targets(batch)
+    torch.testing.assert_close(vt.vs, torch.tensor([[1.0, -1.0]] * T))
+
+
+@pytest.mark.timeout(300)
+def test_pong_smoke_run_in_worker_processes():
+    with APPO("ALE/Pong-v5", num_workers=1, num_envs_per_worker=2, rollout=16, batch_size=32,
+              minibatch_size=32, num_epochs=1, reward_clip=1.0, device="cpu", seed=0,
+              verbose=0) as model:
+        assert model.policy.image
+        model.train(128)
+        assert model.num_timesteps == 128
+        obs, _ = make_env("ALE/Pong-v5").reset(seed=0)
+        action, _ = model.predict(obs)
+        assert 0 <= int(action) < model.action_space.n
