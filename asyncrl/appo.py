@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .config import Config, ConfigError, with_algo_defaults
+from .config import Config, ConfigError, with_defaults
 from .env_utils import make_env_factory, probe_env, storage_dtype
 from .logger import TrainLogger
 from .models import ActorCritic
@@ -48,7 +48,9 @@ class APPO:
     """
 
     def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None, **kwargs):
-        self.config = Config.from_kwargs(with_algo_defaults(kwargs))
+        from asyncrl.envs import is_atari_id
+        atari = isinstance(env, str) and is_atari_id(env)
+        self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari))
         if self.config.seed is None:
             self.config = self.config.replace(seed=random.randrange(2 ** 31))
         self.device = resolve_device(self.config.device)

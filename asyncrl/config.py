@@ -216,20 +216,34 @@ def _valid_device(device: str) -> bool:
     return prefix == "cuda" and idx.isdigit()
 
 
-def with_algo_defaults(kwargs: dict) -> dict:
-    """Fill in the field values that an algorithm variant implies, unless the caller set them:
-    IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env."""
-    algo = kwargs.get("algo", "appo")
+# Atari (ALE ids): CleanRL's ppo_atari / Sample Factory's Atari settings, adapted to V-trace.
+# Applied automatically for ALE ids; every field stays overridable by a keyword argument.
+ATARI_DEFAULTS = dict(rollout=128, learning_rate=2.5e-4, gamma=0.99, vtrace_lambda=0.95,
+                      clip_coef=0.1, ent_coef=0.01, minibatch_size=256, num_epochs=4,
+                      reward_clip=1.0)
+ATARI_BATCH_SIZE = 1024  # rounded to a multiple of the slot size
+
+
+def with_defaults(kwargs: dict, atari: bool = False) -> dict:
+    """The caller's keywords, over the values that the env family and the algorithm variant imply:
+    Atari gets ATARI_DEFAULTS; IMPALA trains one epoch per batch; synchronous PPO's batch is one
+    rollout of every env. What the caller sets always wins."""
+    preset = dict(ATARI_DEFAULTS) if atari else {}
+    merged = {**preset, **kwargs}
+    algo = merged.get("algo", "appo")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-    get = lambda name: kwargs.get(name, defaults[name])  # noqa: E731
+    get = lambda name: merged.get(name, defaults[name])  # noqa: E731
+    counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size")]
+    counts_ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts)
     implied = {}
+    if atari and counts_ok:  # bad counts are left to validation
+        slot = counts[2] * max(1, counts[1] // 2)
+        implied["batch_size"] = max(1, round(ATARI_BATCH_SIZE / slot)) * slot
     if algo == "impala":
         implied["num_epochs"] = 1
-    elif algo == "ppo":
-        counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size")]
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts):
-            per_round = counts[0] * counts[1] * counts[2]  # bad counts are left to validation
-            implied["batch_size"] = per_round
-            if per_round % get("minibatch_size") and "minibatch_size" not in kwargs:
-                implied["minibatch_size"] = per_round
-    return {**implied, **kwargs}
+    elif algo == "ppo" and counts_ok:
+        implied["batch_size"] = counts[0] * counts[1] * counts[2]
+    batch = implied.get("batch_size", get("batch_size"))
+    if "batch_size" in implied and "minibatch_size" not in kwargs and batch % get("minibatch_size"):
+        implied["minibatch_size"] = batch
+    return {**preset, **implied, **kwargs}

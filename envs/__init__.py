@@ -6,6 +6,8 @@ import gymnasium as gym
 
 from .atari import is_atari_id, make_atari, register as register_atari
 
+__all__ = ["DEFAULT_ENV", "env_ids", "is_atari_id", "make_atari", "make_env", "register_atari"]
+
 DEFAULT_ENV = "CartPole-v1"
 
 

@@ -97,3 +97,19 @@ def test_pong_smoke_run_in_worker_processes():
         obs, _ = make_env("ALE/Pong-v5").reset(seed=0)
         action, _ = model.predict(obs)
         assert 0 <= int(action) < model.action_space.n
+
+
+def test_atari_defaults_apply_to_ale_ids_and_yield_to_the_caller():
+    from asyncrl.config import ATARI_DEFAULTS
+    with APPO("ALE/Pong-v5", verbose=0, device="cpu") as model:
+        cfg = model.config
+        for name, value in ATARI_DEFAULTS.items():
+            assert getattr(cfg, name) == value, name
+        assert cfg.batch_size == 1024 and cfg.batch_size % cfg.slot_size == 0
+    with APPO("ALE/Pong-v5", verbose=0, device="cpu", gamma=0.995, num_envs_per_worker=6) as model:
+        assert model.config.gamma == 0.995 and model.config.reward_clip == 1.0
+        assert model.config.batch_size % model.config.slot_size == 0  # re-derived for 3 envs/group
+    with APPO("ALE/Pong-v5", verbose=0, device="cpu", algo="impala") as model:
+        assert model.config.num_epochs == 1
+    with APPO("CartPole-v1", verbose=0) as model:
+        assert model.config.reward_clip is None and model.config.rollout == 32
