@@ -33,6 +33,8 @@ class Config:
     rollout: int = _f(32, "Rollout length T: env steps per trajectory slot.")
     batch_size: int = _f(
         1024, "Samples (T x trajectories) per learner update; a multiple of rollout x envs per group.")
+    learner_threads: int = _f(
+        1, "Torch intra-op threads of the learner process (the other processes use one each).")
     device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "
@@ -142,7 +144,7 @@ class Config:
         def is_num(v):
             return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
-        for name in ("num_workers", "num_policy_workers", "rollout", "batch_size", "num_epochs",
+        for name in ("num_workers", "num_policy_workers", "learner_threads", "rollout", "batch_size", "num_epochs",
                      "minibatch_size", "stats_window"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1, name,
                   "must be an integer >= 1")
@@ -220,7 +222,7 @@ def _valid_device(device: str) -> bool:
 # Applied automatically for ALE ids; every field stays overridable by a keyword argument.
 ATARI_DEFAULTS = dict(rollout=128, learning_rate=2.5e-4, gamma=0.99, vtrace_lambda=0.95,
                       clip_coef=0.1, ent_coef=0.01, minibatch_size=256, num_epochs=4,
-                      reward_clip=1.0)
+                      reward_clip=1.0, learner_threads=2)
 ATARI_BATCH_SIZE = 1024  # rounded to a multiple of the slot size
 
 

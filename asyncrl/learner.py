@@ -83,6 +83,8 @@ class Learner:
 
     def init(self) -> None:
         cfg = self.cfg
+        if not self.serial:  # the backward pass of a CNN on a CPU can use more than one core
+            torch.set_num_threads(cfg.learner_threads)
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + 20_000)
         self.model = ActorCritic(self.obs_space, self.action_space, cfg).to(self.device)
