@@ -12,6 +12,8 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from asyncrl.envs import is_atari_id
+
 from .config import Config, ConfigError, with_defaults
 from .env_utils import make_env_factory, probe_env, storage_dtype
 from .logger import TrainLogger
@@ -48,7 +50,6 @@ class APPO:
     """
 
     def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None, **kwargs):
-        from asyncrl.envs import is_atari_id
         atari = isinstance(env, str) and is_atari_id(env)
         self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari))
         if self.config.seed is None:
