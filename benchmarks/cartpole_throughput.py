@@ -12,93 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
 
-import gymnasium as gym
-import multiprocessing as mp
-import psutil
+from _common import raw_env_rate, steady_fps
 
 from asyncrl import APPO
 
 LAYOUT = dict(num_workers=2, num_envs_per_worker=8, device="cpu")
 
 
-def _raw_worker(env_id: str, seconds: float, out) -> None:
-    env = gym.make(env_id)
-    env.reset(seed=0)
-    steps, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(1000):
-            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
-            if terminated or truncated:
-                env.reset()
-        steps += 1000
-    out.put(steps / seconds)
-
-
-def raw_env_rate(env_id: str = "CartPole-v1", processes: int = 2, seconds: float = 5.0) -> float:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_raw_worker, args=(env_id, seconds, out)) for _ in range(processes)]
-    for p in procs:
-        p.start()
-    rates = [out.get() for _ in procs]
-    for p in procs:
-        p.join()
-    return sum(rates)
-
-
-class CpuSampler(threading.Thread):
-    """CPU seconds per wall second of each child process, by name, over the sampled window."""
-
-    def __init__(self, start_after: float):
-        super().__init__(daemon=True)
-        self.start_after, self.stop_event, self.result = start_after, threading.Event(), {}
-
-    def run(self) -> None:
-        if self.stop_event.wait(self.start_after):
-            return
-        me = psutil.Process()
-        first, last = {}, {}  # name -> (time, cpu seconds)
-        while not self.stop_event.wait(0.5):  # children are gone once train() returns: poll
-            now = time.perf_counter()
-            for p in [me, *me.children(recursive=True)]:
-                try:
-                    name = "main" if p is me else open(f"/proc/{p.pid}/comm").read().strip()
-                    cpu = sum(p.cpu_times()[:2])
-                except (psutil.NoSuchProcess, OSError):
-                    continue
-                first.setdefault(name, (now, cpu))
-                last[name] = (now, cpu)
-        for name, (t1, c1) in last.items():
-            t0, c0 = first[name]
-            if t1 > t0:
-                self.result[name] = round((c1 - c0) / (t1 - t0), 2)
-
-
-def steady_fps(steps: int, warmup: float = 4.0) -> dict:
-    model = APPO("CartPole-v1", seed=0, verbose=0, **LAYOUT)
-    sampler = CpuSampler(start_after=warmup)
-    samples = []
-    orig = model.logger.maybe_log
-
-    def record(trained, force=False):  # sample (time, steps) from the main loop
-        samples.append((time.perf_counter(), trained))
-        orig(trained, force)
-
-    model.logger.maybe_log = record
-    t_start = time.perf_counter()
-    sampler.start()
-    model.train(steps)
-    sampler.stop_event.set()
-    sampler.join()
-    t_w = t_start + warmup + 2.0  # steady state: after start-up and warm-up
-    window = [(t, s) for t, s in samples if t >= t_w]
-    fps = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0]) if len(window) > 2 else float("nan")
-    stats = dict(model.logger.last_train)
-    return {"fps": fps, "cpu_per_process": sampler.result,
-            "policy_lag_mean": stats.get("policy_lag_mean"), "timings": model.logger.timings}
+def cartpole_fps(steps: int) -> dict:
+    return steady_fps("CartPole-v1", warmup=6.0, steps=steps, seed=0, **LAYOUT)
 
 
 def time_to_450(max_steps: int = 600_000) -> dict:
@@ -128,12 +52,12 @@ def main() -> None:
     args = ap.parse_args()
     results = {"raw": [], "fps": [], "t450": []}
     for r in range(args.repeats):
-        results["raw"].append(raw_env_rate())
-        results["fps"].append(steady_fps(args.steps))
+        results["raw"].append(raw_env_rate("CartPole-v1", processes=2))
+        results["fps"].append(cartpole_fps(args.steps))
         if not args.skip_time_to_450:
             results["t450"].append(time_to_450())
         print(f"repeat {r}: raw {results['raw'][-1]:,.0f} steps/s, asyncrl {results['fps'][-1]['fps']:,.0f} "
-              f"steps/s, cpu {results['fps'][-1]['cpu_per_process']}"
+              f"steps/s, cpu {results['fps'][-1]['cpu_per_process']}, peak {results['fps'][-1]['peak_rss_gib']:.2f} GiB"
               + (f", t450 {results['t450'][-1]}" if results["t450"] else ""), flush=True)
     raw = statistics.median(results["raw"])
     fps = statistics.median(f["fps"] for f in results["fps"])

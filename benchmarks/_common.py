@@ -1,0 +1,95 @@
+"""What the benchmarks share: raw env rate, per-process CPU and memory sampling, steady FPS."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+
+import psutil
+
+from asyncrl import APPO
+
+
+def _raw_worker(env_id: str, seconds: float, out) -> None:
+    from asyncrl.envs import make_env
+    env = make_env(env_id)
+    env.reset(seed=0)
+    steps, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(100):
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            if terminated or truncated:
+                env.reset()
+        steps += 100
+    out.put(steps / seconds)
+
+
+def raw_env_rate(env_id: str, processes: int, seconds: float = 5.0) -> float:
+    """Env steps per second with random actions, one env per process, no learning."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_raw_worker, args=(env_id, seconds, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    rates = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(rates)
+
+
+class ProcessTreeSampler(threading.Thread):
+    """CPU seconds per wall second of each process of this tree (by name) after ``start_after``
+    seconds, and the peak proportional set size (PSS) of the whole tree."""
+
+    def __init__(self, start_after: float):
+        super().__init__(daemon=True)
+        self.start_after, self.stop_event = start_after, threading.Event()
+        self.cpu, self.peak_rss = {}, 0  # bytes (PSS)
+
+    def run(self) -> None:
+        me = psutil.Process()
+        first, last = {}, {}  # name -> (time, cpu seconds)
+        t_start = time.perf_counter()
+        while not self.stop_event.wait(0.5):  # children are gone once train() returns: poll
+            now, rss = time.perf_counter(), 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    name = "main" if p is me else open(f"/proc/{p.pid}/comm").read().strip()
+                    cpu = sum(p.cpu_times()[:2])
+                    rss += p.memory_full_info().pss  # shared pages counted once
+                except (psutil.NoSuchProcess, OSError):
+                    continue
+                if now - t_start >= self.start_after:
+                    first.setdefault(name, (now, cpu))
+                    last[name] = (now, cpu)
+            self.peak_rss = max(self.peak_rss, rss)
+        for name, (t1, c1) in last.items():
+            t0, c0 = first[name]
+            if t1 > t0:
+                self.cpu[name] = round((c1 - c0) / (t1 - t0), 2)
+
+
+def steady_fps(env: str, warmup: float, seconds: float = None, steps: int = None,
+               **kwargs) -> dict:
+    """Train until ``steps`` or ``seconds``; FPS = env steps trained on per second after
+    ``warmup`` seconds (start-up included in the warm-up)."""
+    samples = []
+    t_start = time.perf_counter()
+
+    def sample(model):
+        samples.append((time.perf_counter(), model.num_timesteps))
+        return False if seconds and time.perf_counter() - t_start > seconds else None
+
+    sampler = ProcessTreeSampler(start_after=warmup)
+    sampler.start()
+    with APPO(env, verbose=0, **kwargs) as model:
+        model.train(steps or 10 ** 12, callback=sample, callback_interval=0.5)
+        stats = dict(model.logger.last_train)
+        timings = model.logger.timings
+    sampler.stop_event.set()
+    sampler.join()
+    window = [(t, s) for t, s in samples if t - t_start >= warmup]
+    fps = ((window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+           if len(window) > 2 else float("nan"))
+    return {"fps": fps, "cpu_per_process": sampler.cpu, "peak_pss_gib": sampler.peak_rss / 2 ** 30,
+            "policy_lag_mean": stats.get("policy_lag_mean"), "timings": timings}
