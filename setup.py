@@ -20,6 +20,7 @@ setup(
     ],
     extras_require={
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],
+        "bench": ["matplotlib>=3.5"],
         "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5"],
     },
 )

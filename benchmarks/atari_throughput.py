@@ -1,0 +1,151 @@
+"""Atari training throughput against the machine's ceiling and Sample Factory, in one run.
+
+    python benchmarks/atari_throughput.py [--env ALE/Pong-v5] [--seconds 90] [--repeats 1]
+        [--sweep] [--sf] [--json atari.json] [--png atari.png]
+
+1. Ceiling: (a) raw simulation, random actions, DeepMind preprocessing, one process per core;
+   (b) core-seconds per env step of env stepping, batched inference (8 obs a call) and learning
+   (all epochs, one torch thread), each measured alone; ideal FPS = cores / their sum.
+2. asyncrl: steady training FPS with the Atari defaults (2 workers x 8 envs), after a warm-up;
+   with --sweep also other worker/env layouts. Peak PSS of the process tree.
+3. Sample Factory 2.1.1 (--sf; needs ../shared/bench/sample_factory/install.sh): its Atari preset
+   for the same time, through that folder's run.sh.
+Frames = env steps x frame skip (4). Medians over --repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import time
+
+import numpy as np
+import torch
+from _common import raw_env_rate, steady_fps
+
+from asyncrl import Config
+from asyncrl.config import with_defaults
+from asyncrl.envs import make_env
+from asyncrl.learner import Batch, Learner
+from asyncrl.models import ActorCritic, sample_actions
+
+FRAME_SKIP = 4
+SF_RUN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "sample_factory", "run.sh")
+
+
+def per_step_costs(env_id: str, cfg: Config) -> dict:
+    """Core-seconds per env step of each stage, each measured alone on one thread."""
+    torch.set_num_threads(1)
+    env = make_env(env_id)
+    env.reset(seed=0)
+    n, t0 = 300, time.perf_counter()
+    for _ in range(n):
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        if term or trunc:
+            env.reset()
+    env_cost = (time.perf_counter() - t0) / n
+    model = ActorCritic(env.observation_space, env.action_space, cfg)
+    obs = torch.randint(0, 256, (8, *env.observation_space.shape), dtype=torch.uint8)
+    with torch.inference_mode():
+        forward = model.fused_forward()
+        sample_actions(*forward(obs))
+        t0 = time.perf_counter()
+        for _ in range(20):
+            sample_actions(*forward(obs))
+    inference_cost = (time.perf_counter() - t0) / (20 * 8)
+    T, B = cfg.rollout, cfg.batch_size // cfg.rollout
+    no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None})
+    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", None, None,
+                      type("Ctl", (), {"stopping": False})(), no_queues, "/nonexistent", serial=True)
+    learner.model = model
+    learner.version = 0
+    learner.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+    batch = Batch(torch.randint(0, 256, (T + 1, B, *env.observation_space.shape), dtype=torch.uint8),
+                  torch.randint(0, env.action_space.n, (T, B)), torch.full((T, B), -1.8),
+                  torch.zeros(T, B), torch.zeros(T, B, dtype=torch.bool),
+                  torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64))
+    t0 = time.perf_counter()
+    learner.train_on(batch)
+    learn_cost = (time.perf_counter() - t0) / cfg.batch_size
+    env.close()
+    return {"env": env_cost, "inference": inference_cost, "learning": learn_cost}
+
+
+def sample_factory_fps(seconds: int) -> float:
+    """Frames per second of SF's Atari preset (60 s window, median of its last readings)."""
+    out = subprocess.run(["bash", SF_RUN, str(seconds), "pong"], capture_output=True, text=True).stdout
+    values = [float(v) for v in re.findall(r"60 sec: ([0-9.]+)", out)]
+    return statistics.median(values[-3:]) if values else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--env", default="ALE/Pong-v5")
+    ap.add_argument("--seconds", type=float, default=90.0, help="per asyncrl or SF measurement")
+    ap.add_argument("--warmup", type=float, default=30.0)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--sweep", action="store_true", help="also 2x4, 4x4 and 2x16 layouts")
+    ap.add_argument("--sf", action="store_true", help="run Sample Factory beside (needs its venv)")
+    ap.add_argument("--json", default="atari_throughput.json")
+    ap.add_argument("--png", default="atari_throughput.png")
+    args = ap.parse_args()
+    cores = os.cpu_count()
+    layouts = [(2, 8)] + ([(2, 4), (4, 4), (2, 16)] if args.sweep else [])
+    cfg = Config.from_kwargs(with_defaults({}, atari=True))
+    res = {"raw": [], "costs": [], "asyncrl": {f"{w}x{e}": [] for w, e in layouts}, "sf": []}
+    for r in range(args.repeats):
+        res["raw"].append(raw_env_rate(args.env, processes=cores, seconds=10.0))
+        res["costs"].append(per_step_costs(args.env, cfg))
+        for w, e in layouts:
+            res["asyncrl"][f"{w}x{e}"].append(steady_fps(
+                args.env, warmup=args.warmup, seconds=args.seconds, num_workers=w,
+                num_envs_per_worker=e, device="cpu", seed=r))
+        if args.sf:
+            res["sf"].append(sample_factory_fps(int(args.seconds)))
+        print(f"repeat {r}: {json.dumps({k: v[-1] if isinstance(v, list) else {kk: vv[-1]['fps'] for kk, vv in v.items()} for k, v in res.items() if v}, default=str)}", flush=True)
+
+    med = statistics.median
+    raw = med(res["raw"])
+    costs = {k: med(c[k] for c in res["costs"]) for k in res["costs"][0]}
+    ideal = cores / sum(costs.values())
+    fps = {k: med(x["fps"] for x in v) for k, v in res["asyncrl"].items()}
+    main_fps = fps["2x8"]
+    rows = [("raw simulation, random actions, %d processes" % cores, raw),
+            ("ideal training (cores / per-step costs)", ideal)]
+    rows += [(f"asyncrl {k} (workers x envs)", v) for k, v in fps.items()]
+    sf = med(res["sf"]) / FRAME_SKIP if res["sf"] else None
+    if sf:
+        rows.append(("Sample Factory 2.1.1, Atari preset, 2x8", sf))
+    print(f"\n| {args.env} | env steps/s | frames/s (x{FRAME_SKIP}) |\n|---|---|---|")
+    for name, v in rows:
+        print(f"| {name} | {v:,.0f} | {v * FRAME_SKIP:,.0f} |")
+    print("\nper-step costs, core-ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in costs.items()))
+    peak = med(x["peak_pss_gib"] for x in res["asyncrl"]["2x8"])
+    print(f"asyncrl / ideal {main_fps / ideal:.2f}; asyncrl / raw {main_fps / raw:.3f}"
+          + (f"; asyncrl / Sample Factory {main_fps / sf:.2f}" if sf else "; Sample Factory: not run (--sf)")
+          + f"; asyncrl peak PSS {peak:.2f} GiB")
+    with open(args.json, "w") as f:
+        json.dump({"cores": cores, "ideal": ideal, "costs": costs, **res}, f, indent=1, default=str)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no PNG")
+        return
+    names, values = zip(*rows)
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1))
+    ax.barh(names, [v * FRAME_SKIP for v in values])
+    ax.set_xscale("log")
+    ax.set_xlabel("frames per second (log scale)")
+    ax.set_title(f"{args.env} on {cores} cores")
+    fig.tight_layout()
+    fig.savefig(args.png)
+    print(f"wrote {args.json} and {args.png}")
+
+
+if __name__ == "__main__":
+    main()
