@@ -120,7 +120,8 @@ class SharedWeights:
     @torch.no_grad()
     def publish(self, model: nn.Module, version: int, env_steps: int) -> None:
         """Write the weights with their version and the env steps they were trained on."""
-        vec = nn.utils.parameters_to_vector(model.parameters()).to("cpu")
+        # reshape, not view: conv weights may be channels-last; the vector is in logical order
+        vec = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to("cpu")
         with self.lock:
             self.flat.copy_(vec)
             self.meta[0], self.meta[1] = version, env_steps
@@ -136,7 +137,10 @@ class SharedWeights:
             version, env_steps = self.meta.tolist()
         finally:
             self.lock.release()
-        nn.utils.vector_to_parameters(vec, model.parameters())
+        offset = 0
+        for p in model.parameters():  # copy_ keeps each parameter's memory format
+            p.copy_(vec[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
         return version, env_steps
 
     def load_if_newer(self, model: nn.Module, have_version: int) -> int:

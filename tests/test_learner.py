@@ -71,3 +71,20 @@ def test_readme_documents_every_config_field():
     readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
     missing = [f.name for f in dataclasses.fields(Config) if f"| `{f.name}` | `{f.default!r}` |" not in readme]
     assert not missing, f"README's config table is out of date for {missing}: paste Config().describe()"
+
+
+def test_image_model_weights_round_trip_channels_last():
+    from asyncrl.buffers import SharedWeights
+    env = custom_envs.tiny_image_env()
+    cfg = Config()
+    torch.manual_seed(0)
+    a = ActorCritic(env.observation_space, env.action_space, cfg)
+    torch.manual_seed(1)
+    b = ActorCritic(env.observation_space, env.action_space, cfg)
+    weights = SharedWeights(a, version=3, env_steps=7)
+    assert weights.load(b) == (3, 7)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    conv = b.actor_body.convs[0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last)  # kept through the copy
+    obs = torch.randint(0, 256, (2, *env.observation_space.shape), dtype=torch.uint8)
+    torch.testing.assert_close(a(obs)[0], b(obs)[0])
