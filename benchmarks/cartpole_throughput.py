@@ -57,7 +57,7 @@ def main() -> None:
         if not args.skip_time_to_450:
             results["t450"].append(time_to_450())
         print(f"repeat {r}: raw {results['raw'][-1]:,.0f} steps/s, asyncrl {results['fps'][-1]['fps']:,.0f} "
-              f"steps/s, cpu {results['fps'][-1]['cpu_per_process']}, peak {results['fps'][-1]['peak_rss_gib']:.2f} GiB"
+              f"steps/s, cpu {results['fps'][-1]['cpu_per_process']}, peak PSS {results['fps'][-1]['peak_pss_gib']:.2f} GiB"
               + (f", t450 {results['t450'][-1]}" if results["t450"] else ""), flush=True)
     raw = statistics.median(results["raw"])
     fps = statistics.median(f["fps"] for f in results["fps"])
