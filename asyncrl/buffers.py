@@ -51,8 +51,7 @@ class Ctl(IntEnum):
     STOP = 0               # 1: every component leaves its loop
     TARGET_ENV_STEPS = 1   # the learner stops once it has trained on this many samples
     TRAINED_ENV_STEPS = 2  # samples the learner has trained on, cumulative over train() calls
-    COLLECTED_ENV_STEPS = 3  # env steps written by rollout workers in this run (approximate)
-    LEARNER_DONE = 4       # 1: the learner reached the target and published its final weights
+    LEARNER_DONE = 3       # 1: the learner reached the target and published its final weights
 
 
 class SharedControl:

@@ -34,7 +34,6 @@ class TrainLogger:
         if tensorboard_dir is not None:
             from tensorboardX import SummaryWriter
             self.writer = SummaryWriter(logdir=next_run_dir(tensorboard_dir))
-        self.counters = defaultdict(int)
         self.reset_run()
 
     def reset_run(self) -> None:
@@ -63,9 +62,6 @@ class TrainLogger:
             self.last_train = report.payload
         elif report.kind is ReportKind.TIMING:
             self.timings[report.component] = report.payload
-        elif report.kind is ReportKind.COUNTER:
-            name, inc = report.payload
-            self.counters[name] += inc
 
     def fps(self, window: float) -> float:
         if len(self.fps_samples) < 2:
@@ -121,7 +117,8 @@ class TrainLogger:
         out = {"time/fps": self.fps(FPS_WINDOWS[0]), "rollout/ep_rew_mean": self.ep_rew_mean,
                "rollout/ep_len_mean": (sum(self.ep_lengths) / len(self.ep_lengths)
                                        if self.ep_lengths else math.nan),
-               "time/episodes": float(self.num_episodes)}
+               "time/episodes": float(self.num_episodes),
+               "time/collected_env_steps": float(self.collected_env_steps)}  # this train() call
         n = max(self.num_updates_since_log, 1)
         for k, v in self.train_sums.items():
             if k == "policy_lag_max":
@@ -134,8 +131,6 @@ class TrainLogger:
             for stage, secs in snap.items():
                 if not stage.startswith("_"):
                     out[f"time/{component}/{stage}"] = secs / wall
-        for name, count in self.counters.items():
-            out[f"rollout/{name}"] = float(count)
         return out
 
     def summary_line(self, steps: int, scalars: dict) -> str:

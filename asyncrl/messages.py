@@ -18,7 +18,6 @@ class ReportKind(Enum):
     TRAIN = "train"        # payload: dict of learner scalars for one update
     TIMING = "timing"      # payload: dict stage -> cumulative seconds
     ERROR = "error"        # payload: formatted traceback
-    COUNTER = "counter"    # payload: (name, increment), e.g. ("env_restarts", 1)
 
 
 class Report(NamedTuple):

@@ -51,7 +51,7 @@ class PolicyWorker:
         self.staging_np = self.staging.numpy()
         self.version, _ = self.weights.load(self.model)
         self.forward = self.model.fused_forward()
-        self.last_report = self.last_progress = time.perf_counter()
+        self.last_report = time.perf_counter()
 
     def close(self) -> None:
         pass

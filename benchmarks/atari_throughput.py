@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import time
 
-import numpy as np
 import torch
 from _common import raw_env_rate, steady_fps
 
