@@ -115,13 +115,16 @@ class RolloutWorker:
             dones_out, truncated_out = self.dones_np[slot, t], self.truncated_np[slot, t]
             ep_return, ep_length = group.ep_return, group.ep_length
             for i, env in enumerate(group.envs):
-                obs, reward, terminated, truncated, _ = env.step(actions[i])
+                obs, reward, terminated, truncated, info = env.step(actions[i])
                 ep_return[i] += reward
                 ep_length[i] += 1
                 done = terminated or truncated
                 if done:
-                    self.episodes.append((ep_return[i], ep_length[i]))
-                    ep_return[i], ep_length[i] = 0.0, 0
+                    # An env may end learning episodes inside one game (Atari's episodic life):
+                    # the logged return is the whole game's, until info["game_over"].
+                    if info.get("game_over", True):
+                        self.episodes.append((ep_return[i], ep_length[i]))
+                        ep_return[i], ep_length[i] = 0.0, 0
                     obs, _ = env.reset()
                 obs_out[i] = obs
                 rewards_out[i] = reward

@@ -8,7 +8,10 @@ Each step, as documented by Machado et al. (2018) and the Nature DQN paper, and 
 - ``frame_stack``: the last this-many frames stacked channel-first, uint8 ``[frame_stack, 84, 84]``;
 - sticky actions: the ``ALE/...-v5`` ids repeat the previous action with probability 0.25 (v5's
   definition); the ``...NoFrameskip-v4`` ids have none. ``repeat_action_probability=`` overrides;
-- ``episodic_life``: a life loss ends the episode for learning (off by default);
+- ``episodic_life``: a life loss ends the episode for learning, and the game goes on from there
+  (DeepMind's setting; gymnasium's ``terminal_on_life_loss`` would restart the game instead);
+  ``info["game_over"]`` tells the rollout worker when the game really ended, so the logged
+  return stays the whole game's score (off by default);
 - ``fire_reset``: press FIRE after reset, for games that wait for it (off by default).
 Rewards are left raw here: clipping belongs in the learner, so logged returns are game scores.
 """
@@ -32,6 +35,36 @@ def register() -> bool:
     return True
 
 
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the episode for learning (``terminated``, ``info["game_over"]`` False);
+    the next ``reset`` continues the same game with one no-op step instead of restarting it."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        info["game_over"] = self.game_over
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self.lives = self.env.unwrapped.ale.lives()
+        self.game_over = False
+        return obs, info
+
+
 class FireReset(gym.Wrapper):
     """Press FIRE once after each reset (games such as Breakout wait for it)."""
 
@@ -51,8 +84,9 @@ def make_atari(env_id: str, *, frame_skip: int = 4, noop_max: int = 30, screen_s
         raise ImportError(f"{env_id!r} needs ale-py: pip install 'asyncrl[atari]'")
     env = gym.make(env_id, frameskip=1, **make_kwargs)  # frame skipping is done below, with max-pooling
     env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=frame_skip,
-                                          screen_size=screen_size,
-                                          terminal_on_life_loss=episodic_life)
+                                          screen_size=screen_size)
+    if episodic_life:
+        env = EpisodicLife(env)
     if fire_reset:
         env = FireReset(env)
     return gym.wrappers.FrameStackObservation(env, frame_stack)

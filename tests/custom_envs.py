@@ -122,3 +122,32 @@ class ChannelLastImageEnv(TinyImageEnv):
 
 def channel_last_image_env():
     return ChannelLastImageEnv()
+
+
+class ThreeLivesEnv(gym.Env):
+    """Reward 1 a step; a 'life' ends every 10 steps (terminated, game_over False), the game
+    after 3 lives (game_over True): a logged episode must be the whole game, return 30."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.lives, self.t = 3, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.lives == 0:
+            self.lives = 3
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t < 10:
+            return np.zeros(2, np.float32), 1.0, False, False, {}
+        self.lives -= 1
+        return np.zeros(2, np.float32), 1.0, True, False, {"game_over": self.lives == 0}
+
+
+def three_lives_env():
+    return ThreeLivesEnv()

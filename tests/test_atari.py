@@ -113,3 +113,21 @@ def test_atari_defaults_apply_to_ale_ids_and_yield_to_the_caller():
         assert model.config.num_epochs == 1
     with APPO("CartPole-v1", verbose=0) as model:
         assert model.config.reward_clip is None and model.config.rollout == 32
+
+
+def test_episodic_life_ends_learning_episodes_but_not_the_game():
+    env = make_env("ALE/Breakout-v5", episodic_life=True, repeat_action_probability=0.0)
+    env.reset(seed=0)
+    lives_at_end, game_overs = [], []
+    for _ in range(5000):
+        _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        if terminated or truncated:
+            lives_at_end.append(env.unwrapped.ale.lives())
+            game_overs.append(info["game_over"])
+            if info["game_over"]:
+                break
+            env.reset()
+    # one learning episode per life (5 in Breakout), and only the last one is the game's end
+    assert game_overs[-1] and not any(game_overs[:-1])
+    assert len(game_overs) == 5 and lives_at_end[:-1] == [4, 3, 2, 1]
+    env.close()

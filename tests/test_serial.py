@@ -92,3 +92,12 @@ def test_tensorboard_scalars_under_sb3_names(tmp_path):
                 b"train/explained_variance", b"train/learning_rate", b"train/policy_lag_mean",
                 b"train/policy_lag_max"):
         assert tag in data, tag
+
+
+def test_logged_return_spans_lives_until_game_over():
+    import custom_envs
+    with APPO(custom_envs.three_lives_env, num_workers=1, num_envs_per_worker=2, rollout=16,
+              batch_size=16, minibatch_size=16, serial_mode=True, seed=0, verbose=0) as m:
+        m.train(400)
+        assert m.logger.num_episodes > 0
+        assert set(m.logger.ep_returns) == {30.0} and set(m.logger.ep_lengths) == {30}
