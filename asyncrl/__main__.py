@@ -10,7 +10,8 @@ import time
 from . import APPO, Config
 
 
-def _parse_value(text: str):
+def parse_value(text: str):
+    """A flag value as a Python literal when it is one (3, 2.5e-4, True, None, (64, 64)), else text."""
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -24,7 +25,7 @@ def main(argv=None) -> None:
     ap.add_argument("--eval_episodes", type=int, default=10)
     ap.add_argument("--save", default=None, help="write the trained model to this path")
     for f in dataclasses.fields(Config):
-        ap.add_argument(f"--{f.name}", type=_parse_value, default=argparse.SUPPRESS,
+        ap.add_argument(f"--{f.name}", type=parse_value, default=argparse.SUPPRESS,
                         help=f"{f.metadata['doc']} (default: {f.default!r})")
     args = vars(ap.parse_args(argv))
     env, steps, episodes, save = (args.pop(k) for k in ("env", "steps", "eval_episodes", "save"))
