@@ -5,7 +5,7 @@
 
 Writes OUT.csv (seconds, frames, env steps, mean return of the last 100 games) every 30 s and,
 with matplotlib (pip install -e ".[bench]"), OUT.png. Frames = env steps x 4. On a 2-core CPU
-this runs about 6 hours (~470 env steps/s); on a GPU machine, many times faster.
+10M frames take about 90 minutes (~470 env steps/s); on a GPU machine, less.
 """
 from __future__ import annotations
 
