@@ -82,8 +82,7 @@ class APPO:
         if not isinstance(train_for_env_steps, (int, np.integer)) or train_for_env_steps < 1:
             raise ConfigError(f"train_for_env_steps={train_for_env_steps!r}: must be an integer >= 1")
         runner = Runner(self.config, self.env_factory, self.observation_space, self.action_space,
-                        self.device, storage_dtype(self.observation_space),
-                        os.path.join(self._tmpdir, "optimizer.pt"), self.logger, self._num_runs)
+                        self.device, os.path.join(self._tmpdir, "optimizer.pt"), self.logger, self._num_runs)
         self._num_runs += 1
         try:
             runner.run(self.policy, self.policy_version, self.num_timesteps,

@@ -42,9 +42,6 @@ class TrajectoryBuffers:
         self.truncated = shared((S, T, E), torch.bool, False)
         self.policy_versions = shared((S, T, E), torch.int64, -1)
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in vars(self).values())
-
 
 class Ctl(IntEnum):
     """Fields of the shared control vector."""

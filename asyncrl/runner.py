@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 from .buffers import Ctl, SharedControl, SharedWeights, TrajectoryBuffers
 from .config import Config
+from .env_utils import storage_dtype
 from .learner import Learner
 from .logger import TrainLogger
 from .messages import Report, ReportKind
@@ -104,13 +105,13 @@ class Runner:
     """One ``train()`` call: allocates buffers and queues, runs the graph, tears it down."""
 
     def __init__(self, cfg: Config, env_factory: Callable, obs_space, action_space, device: str,
-                 storage_dtype, optimizer_path: str, logger: TrainLogger, run_idx: int = 0):
+                 optimizer_path: str, logger: TrainLogger, run_idx: int = 0):
         # Each train() call draws fresh env resets and sampling noise: the seed moves per call.
         self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * run_idx) % 2 ** 31)
         self.env_factory, self.device = env_factory, device
         self.version = self.trained_env_steps = None  # set by run()
         self.obs_space, self.action_space = obs_space, action_space
-        self.storage_dtype, self.optimizer_path, self.logger = storage_dtype, optimizer_path, logger
+        self.optimizer_path, self.logger = optimizer_path, logger
         self.ctx = mp.get_context("spawn")
 
     def components(self, serial: bool) -> List[tuple]:
@@ -141,7 +142,7 @@ class Runner:
         self.last_callback = time.monotonic()
         self.version, self.trained_env_steps = version, start_env_steps
         self.logger.reset_run()
-        self.buffers = TrajectoryBuffers(cfg, self.obs_space.shape, self.storage_dtype)
+        self.buffers = TrajectoryBuffers(cfg, self.obs_space.shape, storage_dtype(self.obs_space))
         self.weights = SharedWeights(model, version, start_env_steps)
         self.ctl = SharedControl()
         self.ctl[Ctl.TRAINED_ENV_STEPS] = start_env_steps
