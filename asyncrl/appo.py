@@ -1,6 +1,7 @@
 """The stable-baselines-style facade: ``APPO(env, ...).train(...)``."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import random
@@ -14,13 +15,14 @@ import torch
 
 from asyncrl.envs import is_atari_id
 
-from .config import Config, ConfigError, with_defaults
-from .env_utils import make_env_factory, probe_env, storage_dtype
+from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
+from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
+from .env_utils import eval_env_factory, make_env_factory, probe_env, storage_dtype
 from .logger import TrainLogger
 from .models import ActorCritic
 from .runner import Runner
 
-POLICY_ID = 0  # one policy per model for now; parameters are keyed by policy id
+PARAM_KEYS = ("policy", "policy.optimizer")  # get_parameters() layout, as in Stable-Baselines3
 
 
 def resolve_device(device: str) -> str:
@@ -41,19 +43,32 @@ def resolve_device(device: str) -> str:
 
 class APPO:
     """Asynchronous PPO with V-trace: rollout workers, policy workers and a learner in separate
-    processes, trading trajectories through shared memory.
+    processes, trading trajectories through shared memory. The processes start with the first
+    ``train()``/``learn()`` call and stay, paused, between calls; :meth:`close` (or the ``with``
+    block, garbage collection, interpreter exit) stops them.
 
     :param env: a Gymnasium id (e.g. ``"CartPole-v1"``) or a picklable zero-argument function
         returning a ``gymnasium.Env``.
     :param env_kwargs: keyword arguments for ``gymnasium.make`` when ``env`` is an id.
     :param kwargs: any field of :class:`asyncrl.Config` (``num_workers``, ``learning_rate``, ...).
+        The fields in ``MUTABLE_HPARAMS`` (``learning_rate``, ``gamma``, ``ent_coef``,
+        ``clip_coef``, ``vf_coef``, ``max_grad_norm``, ``vtrace_lambda``) may also be schedules,
+        functions of SB3's ``progress_remaining`` (1 at the start of a call, 0 at its end).
+
+    The same fields are plain attributes (``model.learning_rate = 1e-4``; ``clip_range`` and
+    ``lr_schedule`` are SB3's names for ``clip_coef`` and ``learning_rate``): a new value reaches
+    the running learner at the next ``train()`` call, without a restart.
     """
 
     def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None, **kwargs):
         atari = isinstance(env, str) and is_atari_id(env)
+        schedules = {k: v for k, v in kwargs.items() if k in MUTABLE_HPARAMS and callable(v)}
+        kwargs.update({k: _schedule_value(k, v, 1.0) for k, v in schedules.items()})
         self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari))
         if self.config.seed is None:
             self.config = self.config.replace(seed=random.randrange(2 ** 31))
+        for name in MUTABLE_HPARAMS:
+            setattr(self, name, schedules.get(name, getattr(self.config, name)))
         self.device = resolve_device(self.config.device)
         self.env_factory = make_env_factory(env, env_kwargs)
         self.observation_space, self.action_space = probe_env(self.env_factory)
@@ -63,17 +78,34 @@ class APPO:
         self.policy.eval()
         self.num_timesteps = 0   # env steps trained on, over all train() calls
         self.policy_version = 0  # weight updates published by the learner
-        self._num_runs = 0       # train() calls so far (moves the seeds of each call)
+        self._runner: Optional[Runner] = None  # the process graph, kept between calls
+        self._num_graphs = 0     # graphs started so far (a new one after an error)
+        self._min_version = 0    # samples of older versions come from replaced weights
+        self._optimizer_epoch = 0
+        self._eval_vec_env = None
         self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+        self._optimizer_path = os.path.join(self._tmpdir, "optimizer.pt")
         cfg = self.config
         self.logger = TrainLogger(cfg.verbose, cfg.log_interval, cfg.stats_window, cfg.tensorboard_log)
+
+    # SB3's names for two of the mutable hyper-parameters
+    clip_range = property(lambda self: self.clip_coef, lambda self, v: setattr(self, "clip_coef", v))
+    lr_schedule = property(lambda self: self.learning_rate,
+                           lambda self, v: setattr(self, "learning_rate", v))
+
+    def _hparams(self, progress_remaining: float) -> dict:
+        """The MUTABLE_HPARAMS values now (schedules evaluated), validated into ``self.config``."""
+        values = {n: _schedule_value(n, getattr(self, n), progress_remaining) for n in MUTABLE_HPARAMS}
+        if any(getattr(self.config, n) != v for n, v in values.items()):
+            self.config = self.config.replace(**values)  # raises ConfigError naming the field
+        return values
 
     # --- training -------------------------------------------------------------------------
     def train(self, train_for_env_steps: int, callback: Optional[Callable[["APPO"], Any]] = None,
               callback_interval: float = 1.0) -> "APPO":
         """Train for ``train_for_env_steps`` more env steps (samples the learner trains on).
-        Starts the worker processes, and joins them before returning. Returns ``self``.
+        The first call starts the worker processes; later calls resume them. Returns ``self``.
 
         :param callback: called as ``callback(self)`` in this process every ``callback_interval``
             seconds while training, with ``self.policy`` holding the latest published weights
@@ -81,17 +113,36 @@ class APPO:
         """
         if not isinstance(train_for_env_steps, (int, np.integer)) or train_for_env_steps < 1:
             raise ConfigError(f"train_for_env_steps={train_for_env_steps!r}: must be an integer >= 1")
-        runner = Runner(self.config, self.env_factory, self.observation_space, self.action_space,
-                        self.device, os.path.join(self._tmpdir, "optimizer.pt"), self.logger, self._num_runs)
-        self._num_runs += 1
+        self._hparams(1.0)  # bad values raise here, before anything starts
+        runner = self._graph()
         try:
             runner.run(self.policy, self.policy_version, self.num_timesteps,
-                       self.num_timesteps + int(train_for_env_steps),
+                       self.num_timesteps + int(train_for_env_steps), hparams=self._hparams,
+                       min_version=self._min_version, optimizer_epoch=self._optimizer_epoch,
                        callback=None if callback is None else self._progress_hook(callback),
                        callback_interval=callback_interval)
         finally:  # also after an error or Ctrl-C: the counters that match the kept weights
             self.policy_version, self.num_timesteps = runner.version, runner.trained_env_steps
+            if not runner.alive:
+                self._runner = None
         return self
+
+    def _graph(self) -> Runner:
+        """The running process graph, or a new one if there is none or the config changed in a
+        field that needs one (anything but MUTABLE_HPARAMS)."""
+        structural = lambda cfg: dataclasses.replace(cfg, **{n: 0 for n in MUTABLE_HPARAMS})  # noqa: E731
+        if self._runner is not None and structural(self._runner.base_cfg) != structural(self.config):
+            self._runner.close()
+            self._runner = None
+        if self._runner is None:
+            if not self._finalizer.alive:  # trained again after the with block
+                os.makedirs(self._tmpdir, exist_ok=True)
+                self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+            self._runner = Runner(self.config, self.env_factory, self.observation_space,
+                                  self.action_space, self.device, self.policy,
+                                  self._optimizer_path, self.logger, self._num_graphs)
+            self._num_graphs += 1
+        return self._runner
 
     def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[int, int], Any]:
         def hook(version: int, trained_env_steps: int):
@@ -99,15 +150,38 @@ class APPO:
             return callback(self)
         return hook
 
-    def learn(self, total_timesteps: int, callback=None, progress_bar: bool = False) -> "APPO":
-        """SB3's name for :meth:`train`."""
-        if callback is not None:
-            raise NotImplementedError("SB3 callback objects are not supported yet; use "
-                                      "train(total_timesteps, callback=fn) with fn(model) -> bool")
-        if progress_bar:
-            raise NotImplementedError("progress_bar=True is not supported yet; the console "
-                                      "summary (verbose=1) reports progress")
-        return self.train(total_timesteps)
+    def learn(self, total_timesteps: int, callback: Any = None, log_interval: int = 1,
+              tb_log_name: str = "APPO", reset_num_timesteps: bool = True,
+              progress_bar: bool = False) -> "APPO":
+        """Stable-Baselines3's ``learn``: train for ``total_timesteps`` env steps; returns self.
+
+        :param callback: an SB3 ``BaseCallback``, a list of them, or ``fn(locals, globals)``;
+            run in this process (see :class:`asyncrl.callbacks.SB3CallbackDriver`).
+        :param reset_num_timesteps: as in SB3, restart ``num_timesteps`` at 0 (the TensorBoard
+            step axis too); False continues counting.
+        :param progress_bar: show a tqdm bar with env steps, FPS and the recent mean return.
+        ``log_interval`` and ``tb_log_name`` are accepted for compatibility; the console and
+        TensorBoard intervals come from the config (``log_interval`` seconds).
+        """
+        if reset_num_timesteps:
+            self.num_timesteps = 0
+        driver = bar = None
+        try:
+            if callback is not None:
+                driver = SB3CallbackDriver(callback, self, total_timesteps,
+                                           self.config.num_workers * self.config.num_envs_per_worker)
+            if progress_bar:
+                bar = ProgressBar(total_timesteps, self.num_timesteps)
+            self.train(total_timesteps, callback=chain(driver, bar), callback_interval=SB3_TICK)
+            if bar is not None:
+                bar(self)
+            if driver is not None:
+                driver(self)
+        finally:
+            for part in (driver, bar):
+                if part is not None:
+                    part.close()
+        return self
 
     # --- acting ---------------------------------------------------------------------------
     def predict(self, observation, state=None, episode_start=None,
@@ -128,54 +202,96 @@ class APPO:
 
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True,
                  seed: Optional[int] = None) -> Tuple[float, float]:
-        """Mean and std of the episode return over ``n_episodes``, played in this process."""
-        env = self.env_factory()
+        """Mean and std of the raw episode return (whole games: no reward clipping, no episodic
+        life) over ``n_episodes``, played in this process."""
+        env = eval_env_factory(self.env_factory)()
         returns = []
         try:
             for ep in range(n_episodes):
                 obs, _ = env.reset(seed=None if seed is None else seed + ep)
-                done, total = False, 0.0
-                while not done:
+                total = 0.0
+                while True:
                     action, _ = self.predict(obs, deterministic=deterministic)
-                    obs, reward, terminated, truncated, _ = env.step(int(action))
+                    obs, reward, terminated, truncated, info = env.step(int(action))
                     total += float(reward)
-                    done = terminated or truncated
+                    if terminated or truncated:
+                        if info.get("game_over", True):
+                            break
+                        obs, _ = env.reset()  # a custom env's life loss: the game goes on
                 returns.append(total)
         finally:
             env.close()
         return float(np.mean(returns)), float(np.std(returns))
 
-    # --- parameters -----------------------------------------------------------------------
-    def get_parameters(self) -> Dict[int, Dict[str, torch.Tensor]]:
-        """``{policy_id: state_dict}`` (copies, on the CPU)."""
-        return {POLICY_ID: {k: v.detach().clone() for k, v in self.policy.state_dict().items()}}
+    def get_env(self):
+        """A Stable-Baselines3 ``VecEnv`` of one evaluation env (Monitor-wrapped, whole games),
+        for SB3 tools such as ``evaluate_policy(model, model.get_env())``. Needs SB3 installed."""
+        if self._eval_vec_env is None:
+            try:
+                from stable_baselines3.common.monitor import Monitor
+                from stable_baselines3.common.vec_env import DummyVecEnv
+            except ImportError as e:
+                raise ImportError("get_env() returns a Stable-Baselines3 VecEnv: pip install "
+                                  "stable-baselines3 (or use model.evaluate())") from e
+            factory = eval_env_factory(self.env_factory)
+            self._eval_vec_env = DummyVecEnv([lambda: Monitor(factory())])
+        return self._eval_vec_env
 
-    def set_parameters(self, params: Dict[int, Union[dict, str, os.PathLike]],
-                       exact_match: bool = True) -> None:
-        """Load ``{policy_id: state_dict or path}`` (a path to a file of :meth:`save` or a
-        ``torch.save``-d state dict). Mismatched keys or shapes raise, naming them."""
-        if isinstance(params, (str, os.PathLike)) or (
-                isinstance(params, dict) and params and all(isinstance(k, str) for k in params)):
-            params = {POLICY_ID: params}  # SB3 style: one path or one state dict
-        if not isinstance(params, dict):
-            raise TypeError(f"params must be a dict {{policy_id: state_dict or path}}, got {type(params).__name__}")
-        unknown = [k for k in params if k != POLICY_ID]
+    # --- parameters -----------------------------------------------------------------------
+    def get_parameters(self) -> Dict[str, dict]:
+        """SB3's layout: ``{"policy": state_dict, "policy.optimizer": Adam state}`` (copies, CPU)."""
+        return {"policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
+                "policy.optimizer": self._optimizer_state()}
+
+    def _optimizer_state(self) -> dict:
+        if os.path.exists(self._optimizer_path):
+            return torch.load(self._optimizer_path, map_location="cpu")
+        cfg = self.config  # not trained yet: a fresh optimizer's state
+        return torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate,
+                                eps=cfg.adam_eps).state_dict()
+
+    def set_parameters(self, load_path_or_dict: Union[dict, str, os.PathLike],
+                       exact_match: bool = True, device: str = "auto") -> None:
+        """Load parameters: a dict in :meth:`get_parameters`' layout (``"policy.optimizer"`` is
+        optional: without it the learner keeps its Adam state), a bare ``state_dict``, or a path
+        to a file of :meth:`save` or a ``torch.save``-d state dict. With ``exact_match`` every
+        weight must be present; keys this model lacks and shape mismatches always raise, naming
+        them. Samples collected before are from another policy and are not trained on."""
+        params = self._params_from(load_path_or_dict)
+        unknown = sorted(map(str, set(params) - set(PARAM_KEYS)))
         if unknown:
-            raise KeyError(f"unknown policy id(s) {unknown}; this model has policy id {POLICY_ID}")
-        for policy_id, value in params.items():
-            state = self._state_dict_from(value)
-            self._check_state_dict(state, exact_match)
-            self.policy.load_state_dict(state, strict=exact_match)
+            raise KeyError(f"unknown parameter group(s) {unknown}; expected {list(PARAM_KEYS)} "
+                           "(the layout of get_parameters()) or a bare state_dict")
+        if "policy" not in params:
+            raise KeyError("no 'policy' weights given; expected the layout of get_parameters()")
+        self._check_state_dict(params["policy"], exact_match)
+        optimizer_state = params.get("policy.optimizer")
+        if optimizer_state is not None:
+            probe = torch.optim.Adam(self.policy.parameters())
+            try:
+                probe.load_state_dict(optimizer_state)
+            except (ValueError, KeyError) as e:
+                raise ValueError(f"'policy.optimizer' does not fit this model's Adam ({e})") from e
+        self.policy.load_state_dict(params["policy"], strict=exact_match)
+        if optimizer_state is not None:
+            torch.save(optimizer_state, self._optimizer_path)
+            self._optimizer_epoch += 1
         self.policy_version += 1  # new weights: samples made before are from another policy
+        self._min_version = self.policy_version
 
     @staticmethod
-    def _state_dict_from(value) -> dict:
+    def _params_from(value) -> dict:
         if isinstance(value, (str, os.PathLike)):
             loaded = torch.load(value, map_location="cpu", weights_only=False)
-            return loaded.get("state_dict", loaded) if isinstance(loaded, dict) else loaded
-        if isinstance(value, dict):
-            return value
-        raise TypeError(f"expected a state_dict or a checkpoint path, got {type(value).__name__}")
+            if isinstance(loaded, dict) and "state_dict" in loaded:  # a file of save()
+                return {"policy": loaded["state_dict"], "policy.optimizer": loaded.get("optimizer")}
+            value = loaded
+        if not isinstance(value, dict):
+            raise TypeError(f"expected a dict of parameters, a state_dict or a checkpoint path, "
+                            f"got {type(value).__name__}")
+        if value and all(torch.is_tensor(v) for v in value.values()):
+            return {"policy": value}  # a bare state_dict
+        return value
 
     def _check_state_dict(self, state: dict, exact_match: bool) -> None:
         own = self.policy.state_dict()
@@ -186,7 +302,7 @@ class APPO:
         problems = []
         if exact_match and missing:
             problems.append(f"missing keys {missing}")
-        if exact_match and unexpected:
+        if unexpected:
             problems.append(f"unexpected keys {unexpected}")
         if wrong:
             problems.append("shape mismatch: " + "; ".join(wrong))
@@ -196,39 +312,63 @@ class APPO:
 
     # --- persistence ----------------------------------------------------------------------
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write weights, optimizer state, counters and config to ``path`` (atomically)."""
+        """Write weights, optimizer state, counters and config to ``path`` (atomically).
+        Schedules are saved as their current values."""
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        opt_path = os.path.join(self._tmpdir, "optimizer.pt")
+        self._hparams(1.0)
         blob = {"state_dict": self.policy.state_dict(), "config": self.config.__dict__.copy(),
                 "env_factory": self.env_factory, "num_timesteps": self.num_timesteps,
                 "policy_version": self.policy_version,
-                "optimizer": torch.load(opt_path, map_location="cpu") if os.path.exists(opt_path) else None}
+                "optimizer": (torch.load(self._optimizer_path, map_location="cpu")
+                              if os.path.exists(self._optimizer_path) else None)}
         tmp = path.with_name(path.name + ".tmp")
         torch.save(blob, tmp)
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike], env: Any = None, **overrides) -> "APPO":
+    def load(cls, path: Union[str, os.PathLike], env: Any = None, device: str = "auto",
+             **overrides) -> "APPO":
         """Rebuild a model from :meth:`save`; ``overrides`` replace config fields."""
         try:
             blob = torch.load(path, map_location="cpu", weights_only=False)
         except (AttributeError, ModuleNotFoundError) as e:
             raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); it was "
                                "probably defined in a script's __main__: pass env=... to load()") from e
-        model = cls(env if env is not None else blob["env_factory"], **{**blob["config"], **overrides})
+        model = cls(env if env is not None else blob["env_factory"],
+                    **{**blob["config"], "device": device, **overrides})
         model.policy.load_state_dict(blob["state_dict"])
         model.num_timesteps, model.policy_version = blob["num_timesteps"], blob["policy_version"]
         if blob["optimizer"] is not None:
-            torch.save(blob["optimizer"], os.path.join(model._tmpdir, "optimizer.pt"))
+            torch.save(blob["optimizer"], model._optimizer_path)
         return model
 
     def close(self) -> None:
+        """Stop the worker processes and release everything; the model stays usable for
+        ``predict``/``evaluate``/``save``, and a later ``train()`` starts new processes."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        if self._eval_vec_env is not None:
+            self._eval_vec_env.close()
+            self._eval_vec_env = None
         self.logger.close()
-        self._finalizer()
 
     def __enter__(self) -> "APPO":
         return self
 
     def __exit__(self, *exc) -> None:
+        """``close()``, and the scratch directory (the optimizer state file) is removed."""
         self.close()
+        self._finalizer()
+
+
+def _schedule_value(name: str, value: Any, progress_remaining: float) -> Any:
+    """A hyper-parameter's value now: ``value`` itself, or ``value(progress_remaining)``."""
+    if not callable(value):
+        return value
+    try:
+        return value(progress_remaining)
+    except Exception as e:
+        raise ConfigError(f"{name}: the schedule {value!r} failed at progress_remaining="
+                          f"{progress_remaining:.3f} ({type(e).__name__}: {e})") from e

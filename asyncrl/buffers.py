@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import Config
+from .config import MUTABLE_HPARAMS, Config
 
 
 class TrajectoryBuffers:
@@ -44,11 +44,16 @@ class TrajectoryBuffers:
 
 
 class Ctl(IntEnum):
-    """Fields of the shared control vector."""
-    STOP = 0               # 1: every component leaves its loop
+    """Fields of the shared control vector. The main process writes all but the learner's two."""
+    STOP = 0               # 1: every component closes and its process exits
     TARGET_ENV_STEPS = 1   # the learner stops once it has trained on this many samples
-    TRAINED_ENV_STEPS = 2  # samples the learner has trained on, cumulative over train() calls
+    TRAINED_ENV_STEPS = 2  # samples the learner has trained on (learner; main resets it)
     LEARNER_DONE = 3       # 1: the learner reached the target and published its final weights
+    RUN = 4                # train() calls served by this graph; a new value resumes the components
+    PAUSED = 5             # 1: between train() calls; components idle, envs keep their state
+    LEARNER_PAUSED = 6     # the RUN the learner has paused after (learner): its state is saved
+    MIN_VERSION = 7        # samples of older policy versions are masked (weights set by the user)
+    OPTIMIZER_EPOCH = 8    # moves when the user replaced the optimizer state file
 
 
 class SharedControl:
@@ -56,6 +61,7 @@ class SharedControl:
 
     def __init__(self):
         self.values = torch.zeros(len(Ctl), dtype=torch.int64).share_memory_()
+        self.values[Ctl.PAUSED] = 1
 
     def __getitem__(self, key: Ctl) -> int:
         return int(self.values[key])
@@ -66,6 +72,34 @@ class SharedControl:
     @property
     def stopping(self) -> bool:
         return bool(self.values[Ctl.STOP])
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopping or pausing: a long computation should give up and keep its inputs."""
+        return bool(self.values[Ctl.STOP] or self.values[Ctl.PAUSED])
+
+
+class SharedHyperParams:
+    """The hyper-parameters a running learner picks up without a restart (``MUTABLE_HPARAMS``),
+    as a shared float64 vector with a change counter. The main process validates and writes;
+    the learner reads when the counter moved."""
+
+    def __init__(self, cfg: Config):
+        self.values = torch.zeros(len(MUTABLE_HPARAMS) + 1, dtype=torch.float64).share_memory_()
+        self.write({name: getattr(cfg, name) for name in MUTABLE_HPARAMS})
+
+    @property
+    def version(self) -> int:
+        return int(self.values[-1])
+
+    def write(self, hparams: dict) -> None:
+        new = torch.tensor([float(hparams[name]) for name in MUTABLE_HPARAMS], dtype=torch.float64)
+        if not torch.equal(new, self.values[:-1]) or self.version == 0:
+            self.values[:-1] = new
+            self.values[-1] += 1
+
+    def read(self) -> dict:
+        return dict(zip(MUTABLE_HPARAMS, self.values[:-1].tolist()))
 
 
 class QueueLock:

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 ALGOS = ("appo", "impala", "ppo")
+# Fields a running learner picks up between (and during) train() calls, without a restart; on
+# APPO they are plain attributes (a number, or a schedule: progress_remaining -> number).
+MUTABLE_HPARAMS = ("learning_rate", "gamma", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm",
+                   "vtrace_lambda")
 DEVICES_HINT = '"cpu", "cuda", "cuda:N" or "auto"'
 
 

@@ -57,6 +57,14 @@ def make_env_factory(env: Union[str, Callable[[], gym.Env]], env_kwargs: dict = 
     return env
 
 
+def eval_env_factory(factory: Callable) -> Callable:
+    """The factory of an env for evaluation: Atari ids without episodic life, so an episode is a
+    whole game; any other factory as it is."""
+    if isinstance(factory, GymIdFactory) and factory.env_kwargs.get("episodic_life"):
+        return GymIdFactory(factory.env_id, {**factory.env_kwargs, "episodic_life": False})
+    return factory
+
+
 def probe_env(factory: Callable) -> Tuple[gym.spaces.Box, gym.spaces.Discrete]:
     """Build one env in the main process, check its spaces and first observation, close it."""
     try:

@@ -3,6 +3,7 @@ policy, optimises the clipped PPO objective, publishes the weights with a new ve
 the slots. Samples older than ``max_policy_lag`` versions are masked out of the loss."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import time
@@ -11,8 +12,8 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch import nn
 
-from .buffers import Ctl, SharedControl, SharedWeights, TrajectoryBuffers
-from .config import Config
+from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
+from .config import MUTABLE_HPARAMS, Config
 from .losses import ppo_loss
 from .messages import Report, ReportKind
 from .models import ActorCritic
@@ -20,6 +21,7 @@ from .timing import StageTimer
 from .vtrace import VTraceReturns, vtrace
 
 
+HPARAM_LOG_NAMES = {"clip_coef": "clip_range"}  # logged under SB3's names
 MINIBATCH_STATS = ("policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
                    "grad_norm", "loss")
 
@@ -67,12 +69,13 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
 
 class Learner:
     def __init__(self, cfg: Config, obs_space, action_space, device: str, buffers: TrajectoryBuffers,
-                 weights: SharedWeights, ctl: SharedControl, queues, optimizer_path: str,
-                 serial: bool = False):
+                 weights: SharedWeights, hparams: SharedHyperParams, ctl: SharedControl, queues,
+                 optimizer_path: str, serial: bool = False):
         self.cfg, self.device = cfg, torch.device(device)
         self.obs_space, self.action_space = obs_space, action_space
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
-        self.optimizer_path = optimizer_path
+        self.hparams, self.hparams_version = hparams, None
+        self.optimizer_path, self.optimizer_epoch = optimizer_path, 0
         self.full_slot_queue, self.free_slot_queue = queues.full_slot, queues.free_slot
         self.report_queue = queues.report
         self.name = "learner"
@@ -95,19 +98,48 @@ class Learner:
         except (RuntimeError, TypeError):
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                               eps=cfg.adam_eps)
-        if os.path.exists(self.optimizer_path):
-            self.optimizer.load_state_dict(torch.load(self.optimizer_path, map_location=self.device))
-            for group in self.optimizer.param_groups:  # the config may have changed between calls
-                group["lr"], group["eps"] = cfg.learning_rate, cfg.adam_eps
+        self._load_optimizer()
         self.gather = BatchGatherer(self.buffers, cfg.slots_per_batch, self.device)
         # The first batch also waits for env construction and the policy worker's start-up.
         self.last_progress = time.perf_counter() + cfg.worker_timeout
 
     def close(self) -> None:
-        if self.finished or self.ctl.stopping:  # a normal end: keep Adam's moments for the next call
-            self.save_optimizer()
+        pass
+
+    def pause(self) -> None:
+        """Between train() calls: save Adam's state (for get_parameters/save) and tell the main
+        process that the weights and counters it reads now are final."""
+        self.save_optimizer()
+        self.ctl[Ctl.LEARNER_PAUSED] = self.ctl[Ctl.RUN]
+
+    def resume(self) -> None:
+        """A new train() call: take the weights the main process published (the user may have
+        set them), and the optimizer state if the user replaced it."""
+        self.version, _ = self.weights.load(self.model)
+        if self.ctl[Ctl.OPTIMIZER_EPOCH] != self.optimizer_epoch:
+            self.optimizer_epoch = self.ctl[Ctl.OPTIMIZER_EPOCH]
+            self._load_optimizer()
+        self.finished = False
+        self.last_progress = max(self.last_progress, time.perf_counter())  # keeps init's grace
+
+    def _load_optimizer(self) -> None:
+        if os.path.exists(self.optimizer_path):
+            self.optimizer.load_state_dict(torch.load(self.optimizer_path, map_location=self.device))
+            self.hparams_version = None  # re-apply the learning rate
+
+    def _apply_hparams(self) -> None:
+        """Pick up hyper-parameters the main process changed (validated there)."""
+        if self.hparams.version == self.hparams_version:
+            return
+        self.hparams_version = self.hparams.version
+        self.cfg = dataclasses.replace(self.cfg, **self.hparams.read())
+        for group in self.optimizer.param_groups:
+            group["lr"], group["eps"] = self.cfg.learning_rate, self.cfg.adam_eps
 
     def step(self, timeout: float) -> bool:
+        if self.finished:  # reached the target: wait for the pause
+            time.sleep(min(timeout, 0.005))
+            return False
         need = self.cfg.slots_per_batch - len(self.pending)
         t0 = time.perf_counter()
         try:
@@ -120,11 +152,16 @@ class Learner:
             self._check_stuck()
             return False
         slots, self.pending = self.pending, []
+        self._apply_hparams()
         with self.timer("gather"):
             batch = self.gather(slots)
         with self.timer("train"):
             stats = self.train_on(batch)
-        if stats is None:  # stopped mid-update: publish nothing half-trained
+        if stats is None:  # paused or stopped mid-update: publish nothing half-trained; the
+            self.pending = slots  # next call trains on these slots again (resume reloads weights)
+            return False
+        if not stats:  # every sample came from a policy the user replaced: drop them
+            self.free_slot_queue.put_many(slots)
             return False
         self.version += 1
         trained = self.ctl[Ctl.TRAINED_ENV_STEPS] + self.cfg.batch_size
@@ -177,14 +214,18 @@ class Learner:
         return vt, values[:T]
 
     def train_on(self, batch: Batch) -> Optional[dict]:
-        """One update over ``batch``; None if the run was stopped in the middle of it."""
+        """One update over ``batch``; None if the run was paused or stopped in the middle of it,
+        {} if no sample may be trained on."""
         cfg = self.cfg
         T, B = batch.actions.shape
         obs_steps = batch.obs[:T].flatten(0, 1)     # [T*B, ...]
         actions = batch.actions.flatten()
         behaviour_log_probs = batch.log_probs.flatten()
         lag = (self.version - batch.policy_versions).float()
-        mask = (lag <= cfg.max_policy_lag).float().flatten()
+        valid = (lag <= cfg.max_policy_lag) & (batch.policy_versions >= self.ctl[Ctl.MIN_VERSION])
+        if not valid.any():
+            return {}
+        mask = valid.float().flatten()
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
         vt, old_values = self.targets(batch)
         advantages, returns, old_values = vt.pg_advantages.flatten(), vt.vs.flatten(), old_values.flatten()
@@ -192,7 +233,7 @@ class Learner:
         sums = None
         for _ in range(cfg.num_epochs):
             for mb in torch.randperm(T * B, device=self.device).split(cfg.minibatch_size):
-                if self.ctl.stopping:
+                if self.ctl.interrupted:
                     return None
                 out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],
                                            advantages[mb], old_values[mb], returns[mb], mask[mb],
@@ -202,7 +243,8 @@ class Learner:
         stats = dict(zip(MINIBATCH_STATS, (sums / num_steps).tolist()))  # one device sync
         stats.update(explained_variance=ev, policy_lag_mean=float(lag.mean()),
                      policy_lag_max=float(lag.max()), masked_fraction=1.0 - float(mask.mean()),
-                     learning_rate=cfg.learning_rate, version=self.version + 1)
+                     version=self.version + 1)
+        stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
         return stats
 
     def _minibatch_step(self, obs, actions, behaviour_log_probs, advantages, old_values, returns,

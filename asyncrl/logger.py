@@ -30,6 +30,7 @@ class TrainLogger:
         self.ep_returns = deque(maxlen=stats_window)
         self.ep_lengths = deque(maxlen=stats_window)
         self.num_episodes = 0
+        self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
         self.writer = None
         if tensorboard_dir is not None:
             from tensorboardX import SummaryWriter
@@ -63,6 +64,16 @@ class TrainLogger:
         elif report.kind is ReportKind.TIMING:
             self.timings[report.component] = report.payload
 
+    def record(self, key: str, value, exclude=None) -> None:
+        """SB3's ``logger.record``: a scalar written with the next summary (non-numbers are
+        ignored)."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.recorded[key] = float(value)
+
+    def dump(self, step: int = 0) -> None:
+        """SB3's ``logger.dump``: write now."""
+        self.maybe_log(step, force=True)
+
     def fps(self, window: float) -> float:
         if len(self.fps_samples) < 2:
             return 0.0
@@ -95,6 +106,7 @@ class TrainLogger:
             self.writer.flush()
         self.train_sums, self.num_updates_since_log = defaultdict(float), 0
         self.timings_logged = dict(self.timings)
+        self.recorded = {}
 
     def silence(self) -> str:
         """'rollout-1 62 s, policy-0 0 s': how long since each component last reported."""
@@ -131,6 +143,7 @@ class TrainLogger:
             for stage, secs in snap.items():
                 if not stage.startswith("_"):
                     out[f"time/{component}/{stage}"] = secs / wall
+        out.update(self.recorded)
         return out
 
     def summary_line(self, steps: int, scalars: dict) -> str:

@@ -56,6 +56,12 @@ class PolicyWorker:
     def close(self) -> None:
         pass
 
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:  # new weights, if the user set them, load with the next request
+        pass
+
     def step(self, timeout: float) -> bool:
         t0 = time.perf_counter()
         try:

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .buffers import SharedControl, TrajectoryBuffers
+from .buffers import Ctl, SharedControl, TrajectoryBuffers
 from .config import Config
 from .messages import PolicyRequest, Report, ReportKind
 from .timing import StageTimer
@@ -47,6 +47,7 @@ class RolloutWorker:
         self.envs: list = []  # every env built so far, closed even if init fails half-way
         self.episodes: list = []
         self.steps_since_report = 0
+        self.trained_seen = 0  # the learner's trained-env-steps counter, last seen
 
     # --- set-up ---------------------------------------------------------------------------
     def init(self) -> None:
@@ -86,6 +87,13 @@ class RolloutWorker:
                     env.close()
                 except Exception:  # a broken env must not keep the others open
                     pass
+
+    def pause(self) -> None:
+        """Between train() calls: envs keep their episodes, the slots their partial data."""
+        self.report()
+
+    def resume(self) -> None:
+        self.last_progress = max(self.last_progress, time.perf_counter())
 
     # --- the loop body --------------------------------------------------------------------
     def step(self, timeout: float) -> bool:
@@ -157,6 +165,10 @@ class RolloutWorker:
         self.timer.add("wait_slot", time.perf_counter() - t0)
 
     def _check_stuck(self) -> None:
+        trained = self.ctl[Ctl.TRAINED_ENV_STEPS]
+        if trained != self.trained_seen:  # a slow learner (a busy CPU) is not a stuck one
+            self.trained_seen, self.last_progress = trained, time.perf_counter()
+            return
         waited = time.perf_counter() - self.last_progress
         if not self.serial and waited > self.cfg.worker_timeout:
             what = ("a free trajectory slot (the learner is not returning slots)"

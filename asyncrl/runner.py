@@ -22,8 +22,9 @@ from typing import Any, Callable, List, Optional
 import faster_fifo
 import torch
 import torch.multiprocessing as mp
+from multiprocessing import util as mp_util
 
-from .buffers import Ctl, SharedControl, SharedWeights, TrajectoryBuffers
+from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
 from .config import Config
 from .env_utils import storage_dtype
 from .learner import Learner
@@ -34,6 +35,7 @@ from .rollout_worker import RolloutWorker
 
 JOIN_TIMEOUT = 5.0     # seconds a component gets to leave its loop before it is terminated
 LOOP_TIMEOUT = 0.1     # seconds of any single wait inside a component loop
+PAUSE_POLL = 0.005     # seconds between looks at the control vector while paused
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 
 
@@ -74,21 +76,53 @@ def _prepare_child(name: str, parent_pid: int) -> None:
 
 
 def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, parent_pid: int):
-    """Entry point of every component process: init, step until stopped, report any failure."""
+    """Entry point of every component process: init, then step while a train() call runs, idle
+    while paused, until stopped; any failure is reported with its traceback."""
     _prepare_child(name, parent_pid)
     component = None
     try:
         component = make()
         component.init()
-        while not ctl.stopping and not getattr(component, "finished", False):
-            component.step(LOOP_TIMEOUT)
-            if os.getppid() != parent_pid:
-                break
+        run_idx = paused_run = 0
+        while not ctl.stopping and os.getppid() == parent_pid:
+            if ctl[Ctl.PAUSED]:
+                if paused_run != ctl[Ctl.RUN]:
+                    paused_run = ctl[Ctl.RUN]
+                    component.pause()
+                time.sleep(PAUSE_POLL)
+            elif run_idx != ctl[Ctl.RUN]:
+                run_idx = ctl[Ctl.RUN]
+                component.resume()
+            else:
+                component.step(LOOP_TIMEOUT)
     except Exception:
         report_queue.put(Report(ReportKind.ERROR, name, traceback.format_exc()), timeout=1.0)
     finally:
         if component is not None:
             component.close()
+
+
+def shutdown_graph(ctl: SharedControl, procs: list, components: list, queues: "Queues") -> None:
+    """Stop every component: processes are joined (terminated, then killed, past a timeout),
+    serial components closed, queues closed. Idempotent; also run at garbage collection and
+    interpreter exit (before multiprocessing joins its children)."""
+    ctl[Ctl.STOP] = 1
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=2.0)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        p.close()
+    procs.clear()
+    for c in components:
+        c.close()
+    components.clear()
+    queues.close()
 
 
 class Make:
@@ -102,19 +136,39 @@ class Make:
 
 
 class Runner:
-    """One ``train()`` call: allocates buffers and queues, runs the graph, tears it down."""
+    """The process graph of one model: started by its first ``run()``, paused between runs (envs
+    keep their episodes, workers their processes), shut down by ``close()``, an error, garbage
+    collection or interpreter exit."""
 
     def __init__(self, cfg: Config, env_factory: Callable, obs_space, action_space, device: str,
-                 optimizer_path: str, logger: TrainLogger, run_idx: int = 0):
-        # Each train() call draws fresh env resets and sampling noise: the seed moves per call.
-        self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * run_idx) % 2 ** 31)
+                 model: torch.nn.Module, optimizer_path: str, logger: TrainLogger, graph_idx: int = 0):
+        # A graph started after an error draws fresh env resets and sampling noise.
+        self.base_cfg = cfg
+        self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * graph_idx) % 2 ** 31)
         self.env_factory, self.device = env_factory, device
-        self.version = self.trained_env_steps = None  # set by run()
         self.obs_space, self.action_space = obs_space, action_space
         self.optimizer_path, self.logger = optimizer_path, logger
-        self.ctx = mp.get_context("spawn")
+        self.version = self.trained_env_steps = None  # set by run()
+        self.buffers = TrajectoryBuffers(cfg, obs_space.shape, storage_dtype(obs_space))
+        self.weights = SharedWeights(model)
+        self.hparams = SharedHyperParams(cfg)
+        self.ctl = SharedControl()
+        self.queues = Queues(cfg)
+        self.queues.free_slot.put_many(list(range(cfg.num_slots)))
+        self.procs: list = []       # multi-process mode
+        self.components: list = []  # serial mode
+        self.started = False
+        self._shutdown = mp_util.Finalize(self, shutdown_graph, exitpriority=10,
+                                          args=(self.ctl, self.procs, self.components, self.queues))
 
-    def components(self, serial: bool) -> List[tuple]:
+    @property
+    def alive(self) -> bool:
+        return not self.ctl.stopping
+
+    def close(self) -> None:
+        self._shutdown()
+
+    def components_to_make(self, serial: bool) -> List[tuple]:
         """(name, constructor) of every component; the wiring is in the Queues they are given."""
         common = dict(cfg=self.cfg, buffers=self.buffers, ctl=self.ctl, queues=self.queues,
                       serial=serial)
@@ -126,36 +180,46 @@ class Runner:
                                      weights=self.weights, **common))
                 for p in range(self.cfg.num_policy_workers)]
         out.append(("learner", Make(Learner, obs_space=self.obs_space, action_space=self.action_space,
-                                    device=self.device, weights=self.weights,
+                                    device=self.device, weights=self.weights, hparams=self.hparams,
                                     optimizer_path=self.optimizer_path, **common)))
         return out
 
     def run(self, model: torch.nn.Module, version: int, start_env_steps: int,
-            target_env_steps: int, callback: Optional[Callable[[int, int], Any]] = None,
+            target_env_steps: int, hparams: Callable[[float], dict], min_version: int = 0,
+            optimizer_epoch: int = 0, callback: Optional[Callable[[int, int], Any]] = None,
             callback_interval: float = 1.0) -> tuple:
         """Train ``model`` (CPU, updated in place) until the learner has trained on
-        ``target_env_steps`` samples in total, or ``callback(version, trained_env_steps)`` returns False. It runs
-        in this process every ``callback_interval`` seconds, after ``model`` received the latest
-        published weights. Returns (new version, trained env steps)."""
-        cfg = self.cfg
+        ``target_env_steps`` samples in total, or ``callback(version, trained_env_steps)`` returns
+        False. The callback runs in this process every ``callback_interval`` seconds, after
+        ``model`` received the latest published weights. ``hparams(progress_remaining)`` gives
+        the MUTABLE_HPARAMS values (validated), polled while training. Samples of policy versions
+        below ``min_version`` are not trained on; a new ``optimizer_epoch`` makes the learner
+        reload the optimizer file. On an error or Ctrl-C the graph is shut down (the next run
+        starts a new one). Returns (new version, trained env steps)."""
+        if not self.alive:
+            raise RuntimeError("this Runner was shut down; create a new one")
+        cfg, ctl = self.cfg, self.ctl
         self.model, self.callback, self.callback_interval = model, callback, callback_interval
+        self.hparams_fn, self.start_env_steps = hparams, start_env_steps
         self.last_callback = time.monotonic()
         self.version, self.trained_env_steps = version, start_env_steps
         self.logger.reset_run()
-        self.buffers = TrajectoryBuffers(cfg, self.obs_space.shape, storage_dtype(self.obs_space))
-        self.weights = SharedWeights(model, version, start_env_steps)
-        self.ctl = SharedControl()
-        self.ctl[Ctl.TRAINED_ENV_STEPS] = start_env_steps
-        self.ctl[Ctl.TARGET_ENV_STEPS] = target_env_steps
-        self.queues = Queues(cfg)
+        self.weights.publish(model, version, start_env_steps)
+        self.hparams.write(hparams(1.0))
+        ctl[Ctl.TRAINED_ENV_STEPS], ctl[Ctl.TARGET_ENV_STEPS] = start_env_steps, target_env_steps
+        ctl[Ctl.LEARNER_DONE], ctl[Ctl.MIN_VERSION] = 0, min_version
+        ctl[Ctl.OPTIMIZER_EPOCH] = optimizer_epoch
+        ctl[Ctl.RUN] += 1
+        ctl[Ctl.PAUSED] = 0
+        ok = False
         try:
-            self.queues.free_slot.put_many(list(range(cfg.num_slots)))
             if cfg.serial_mode:
                 self._run_serial()
             else:
                 self._run_processes()
+            ok = True
         finally:
-            self.ctl[Ctl.STOP] = 1
+            ctl[Ctl.PAUSED] = 1
             # Keep whatever the learner last published, even after an error or Ctrl-C, with the
             # counters that match it.
             try:
@@ -164,52 +228,74 @@ class Runner:
                 warnings.warn(f"could not read the last published weights: {e}")
             self._drain_reports(raise_errors=False)
             self.logger.maybe_log(self.trained_env_steps, force=True)
-            self.queues.close()
-            del self.buffers, self.weights
+            if not ok:  # an error or Ctrl-C: nothing is left running
+                self.close()
         return self.version, self.trained_env_steps
+
+    def _progress(self) -> None:
+        """Per main-loop pass: hyper-parameter schedules, console/TensorBoard logging."""
+        trained = self.ctl[Ctl.TRAINED_ENV_STEPS]
+        total = max(1, self.ctl[Ctl.TARGET_ENV_STEPS] - self.start_env_steps)
+        self.hparams.write(self.hparams_fn(1.0 - min(1.0, (trained - self.start_env_steps) / total)))
+        self.logger.maybe_log(trained)
 
     # --- serial mode: every component in this process, stepped in turn ---------------------
     def _run_serial(self) -> None:
-        components = [make() for _, make in self.components(serial=True)]
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as in the worker processes; restored below
         try:
-            for c in components:
-                c.init()
-            learner = components[-1]
+            if not self.started:
+                for _, make in self.components_to_make(serial=True):
+                    self.components.append(make())
+                    self.components[-1].init()
+                self.started = True
+            for c in self.components:
+                c.resume()
+            learner = self.components[-1]
             while not learner.finished:
-                for c in components:
+                for c in self.components:
                     c.step(0.0)
                 self._drain_reports(raise_errors=True)
-                self.logger.maybe_log(self.ctl[Ctl.TRAINED_ENV_STEPS])
+                self._progress()
                 if self._callback_says_stop():
                     break
+            self.ctl[Ctl.PAUSED] = 1
+            for c in self.components:
+                c.pause()
         finally:
-            self.ctl[Ctl.STOP] = 1
             torch.set_num_threads(threads)
-            for c in components:
-                c.close()
 
     # --- multi-process mode ---------------------------------------------------------------
     def _run_processes(self) -> None:
-        self.procs = []
-        try:
-            for name, make in self.components(serial=False):
+        if not self.started:
+            self.started = True
+            for name, make in self.components_to_make(serial=False):
                 # Not daemonic, so that an env may start processes of its own; every exit path
-                # joins them below, and they die with this process (parent-death signal).
-                p = self.ctx.Process(target=component_main, name=name, daemon=False,
-                                     args=(name, make, self.ctl, self.queues.report, os.getpid()))
+                # joins them (shutdown_graph), and they die with this process (parent-death signal).
+                p = mp.get_context("spawn").Process(
+                    target=component_main, name=name, daemon=False,
+                    args=(name, make, self.ctl, self.queues.report, os.getpid()))
                 p.start()
                 self.procs.append(p)
-            while not self.ctl[Ctl.LEARNER_DONE]:
-                self._drain_reports(raise_errors=True, timeout=LOOP_TIMEOUT)
-                self._check_alive()
-                self.logger.maybe_log(self.ctl[Ctl.TRAINED_ENV_STEPS])
-                if self._callback_says_stop():
-                    break
-        finally:
-            self.ctl[Ctl.STOP] = 1
-            self._join_all()
+        while not self.ctl[Ctl.LEARNER_DONE]:
+            self._drain_reports(raise_errors=True, timeout=LOOP_TIMEOUT)
+            self._check_alive()
+            self._progress()
+            if self._callback_says_stop():
+                break
+        self._pause()
+
+    def _pause(self) -> None:
+        """Pause every component and wait until the learner has left its update and saved its
+        state, so the weights and counters read next are final."""
+        self.ctl[Ctl.PAUSED] = 1
+        deadline = time.monotonic() + self.cfg.worker_timeout
+        while self.ctl[Ctl.LEARNER_PAUSED] != self.ctl[Ctl.RUN]:
+            self._drain_reports(raise_errors=True, timeout=0.01)
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise WorkerError(f"the learner did not pause within worker_timeout="
+                                  f"{self.cfg.worker_timeout} s")
 
     def _callback_says_stop(self) -> bool:
         if self.callback is None or time.monotonic() - self.last_callback < self.callback_interval:
@@ -220,25 +306,10 @@ class Runner:
 
     def _check_alive(self) -> None:
         for p in self.procs:
-            if p.exitcode is not None and not self.ctl[Ctl.LEARNER_DONE]:
+            if p.exitcode is not None:
                 self._drain_reports(raise_errors=True)  # a traceback beats an exit code
                 raise WorkerError(f"{p.name} (pid {p.pid}) exited unexpectedly with code "
                                   f"{p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else ""))
-
-    def _join_all(self) -> None:
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        for p in self.procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for p in self.procs:
-            p.close()
-        self.procs = []
 
     def _drain_reports(self, raise_errors: bool, timeout: float = 0.0) -> None:
         try:

@@ -15,6 +15,7 @@ import time
 
 from asyncrl import APPO
 from asyncrl.__main__ import parse_value
+from asyncrl.config import ATARI_DEFAULTS
 
 FRAME_SKIP = 4
 
@@ -25,9 +26,15 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=10_000_000)
     ap.add_argument("--target", type=float, default=18.0, help="stop once the mean return reaches it")
     ap.add_argument("--out", default="pong_learning")
+    ap.add_argument("--constant_lr", action="store_true",
+                    help="keep the learning rate constant (default: annealed linearly to 0 over "
+                         "--frames, as CleanRL's ppo_atari does)")
     args, extra = ap.parse_known_args()
     overrides = {k.lstrip("-"): parse_value(v) for k, v in zip(extra[::2], extra[1::2])}
     overrides.setdefault("device", "auto")
+    if not args.constant_lr:
+        lr = overrides.get("learning_rate", ATARI_DEFAULTS["learning_rate"])
+        overrides["learning_rate"] = lambda progress_remaining: lr * max(progress_remaining, 1e-3)
     rows, t0 = [], time.perf_counter()
 
     def record(model: APPO):

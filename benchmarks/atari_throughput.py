@@ -26,6 +26,7 @@ import torch
 from _common import raw_env_rate, steady_fps
 
 from asyncrl import Config
+from asyncrl.buffers import Ctl, SharedControl
 from asyncrl.config import with_defaults
 from asyncrl.envs import make_env
 from asyncrl.learner import Batch, Learner
@@ -57,8 +58,11 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
     inference_cost = (time.perf_counter() - t0) / (20 * 8)
     T, B = cfg.rollout, cfg.batch_size // cfg.rollout
     no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None})
-    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", None, None,
-                      type("Ctl", (), {"stopping": False})(), no_queues, "/nonexistent", serial=True)
+    ctl = SharedControl()
+    ctl[Ctl.PAUSED] = 0  # as during a train() call
+    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", buffers=None, weights=None,
+                      hparams=None, ctl=ctl, queues=no_queues, optimizer_path="/nonexistent",
+                      serial=True)
     learner.model = model
     learner.version = 0
     learner.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)

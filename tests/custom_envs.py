@@ -1,6 +1,9 @@
 """Module-level env factories for the tests: picklable, so spawned workers can build them."""
 from __future__ import annotations
 
+import os
+import time
+
 import gymnasium as gym
 import numpy as np
 
@@ -151,3 +154,26 @@ class ThreeLivesEnv(gym.Env):
 
 def three_lives_env():
     return ThreeLivesEnv()
+
+
+class StampedCartPole(gym.Wrapper):
+    """CartPole that records, in a small memory-mapped file of its own under ``stamp_dir``,
+    [time of its latest step, time of the first step after a pause of 0.3 s or more]."""
+
+    def __init__(self, stamp_dir: str):
+        super().__init__(gym.make("CartPole-v1"))
+        path = os.path.join(stamp_dir, f"{os.getpid()}_{id(self)}.stamp")
+        self.stamps = np.memmap(path, dtype=np.float64, mode="w+", shape=(2,))
+
+    def step(self, action):
+        now = time.time()
+        if now - self.stamps[0] > 0.3:
+            self.stamps[1] = now
+        self.stamps[0] = now
+        return self.env.step(action)
+
+
+def read_stamps(stamp_dir: str) -> np.ndarray:
+    """[num_envs, 2] of every StampedCartPole's stamps."""
+    return np.array([np.fromfile(os.path.join(stamp_dir, f), dtype=np.float64)
+                     for f in os.listdir(stamp_dir) if f.endswith(".stamp")])

@@ -72,8 +72,8 @@ def test_stochastic_predict_samples_both_actions(model):
 
 def test_get_parameters_returns_copies(model, obs_batch):
     params = model.get_parameters()
-    assert list(params) == [0]
-    state = params[0]
+    assert list(params) == ["policy", "policy.optimizer"]  # Stable-Baselines3's layout
+    state = params["policy"]
     reference = {k: v.clone() for k, v in model.policy.state_dict().items()}
     assert state.keys() == reference.keys()
     for k, v in reference.items():
@@ -104,13 +104,13 @@ def test_set_parameters_from_file(model, obs_batch, tmp_path, as_path):
     with make(seed=2) as other:
         path = tmp_path / "state.pt"
         torch.save(other.policy.state_dict(), path)
-        model.set_parameters({0: as_path(path)})
+        model.set_parameters(as_path(path))
         np.testing.assert_array_equal(greedy(model, obs_batch), greedy(other, obs_batch))
 
 
 def test_set_parameters_with_other_architecture_raises(model, obs_batch):
     before = greedy(model, obs_batch)
-    state_before = model.get_parameters()[0]
+    state_before = model.get_parameters()["policy"]
     with make(seed=0, hidden_sizes=(32,)) as small:
         expected = r"actor_body\.0\.weight: expected \(64, 4\), got \(32, 4\)"
         with pytest.raises(ValueError, match=expected):
@@ -121,9 +121,9 @@ def test_set_parameters_with_other_architecture_raises(model, obs_batch):
     np.testing.assert_array_equal(greedy(model, obs_batch), before)
 
 
-def test_set_parameters_unknown_policy_id(model):
-    with pytest.raises(KeyError, match=r"policy id"):
-        model.set_parameters({1: model.get_parameters()[0]})
+def test_set_parameters_unknown_group(model):
+    with pytest.raises(KeyError, match=r"unknown parameter group.*'policy', 'policy.optimizer'"):
+        model.set_parameters({0: model.get_parameters()["policy"]})
 
 
 def test_save_load_round_trip(model, obs_batch, tmp_path):
@@ -136,7 +136,7 @@ def test_save_load_round_trip(model, obs_batch, tmp_path):
         np.testing.assert_array_equal(greedy(loaded, obs_batch), greedy(model, obs_batch))
         assert loaded.num_timesteps == 256
         assert loaded.policy_version == model.policy_version
-        assert loaded.config == model.config
+        assert loaded.config == model.config.replace(device="auto")  # load()'s device, as in SB3
         loaded.train(128)  # goes on counting from where the saved model stopped
         assert loaded.num_timesteps == 384
     with APPO.load(path, learning_rate=3e-4) as overridden:  # overrides win over the saved config
@@ -148,7 +148,7 @@ def test_saved_file_loads_with_set_parameters(model, obs_batch, tmp_path):
     path = tmp_path / "model.pt"
     model.save(path)
     with make(seed=5) as other:
-        other.set_parameters({0: path})
+        other.set_parameters(path)
         np.testing.assert_array_equal(greedy(other, obs_batch), greedy(model, obs_batch))
 
 
@@ -170,8 +170,8 @@ def test_context_manager(obs_batch):
 
 def test_set_parameters_accepts_a_bare_state_dict_or_path(model, obs_batch, tmp_path):
     other = make(seed=123)
-    sd = other.get_parameters()[0]
-    model.set_parameters(sd)  # SB3 style, no policy id
+    sd = other.get_parameters()["policy"]
+    model.set_parameters(sd)  # a bare state_dict
     assert np.array_equal(model.predict(obs_batch, deterministic=True)[0],
                           other.predict(obs_batch, deterministic=True)[0])
     path = tmp_path / "other.pt"

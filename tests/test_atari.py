@@ -66,15 +66,9 @@ def test_frame_skip_max_pools_the_last_two_frames():
 
 
 def test_reward_clipping_in_learner_keeps_raw_returns():
-    from asyncrl.learner import Learner, Batch
-    from asyncrl import Config
-    import gymnasium as gym
-    from asyncrl.models import ActorCritic
-    cfg = Config(seed=0, reward_clip=1.0)
-    env = gym.make("CartPole-v1")
-    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", None, None, None,
-                      type("Q", (), {"full_slot": None, "free_slot": None, "report": None}), "/x")
-    learner.model = ActorCritic(env.observation_space, env.action_space, cfg)
+    from asyncrl.learner import Batch
+    from test_learner import make_learner
+    learner = make_learner(reward_clip=1.0)
     T, B = 3, 2
     obs, actions = torch.randn(T + 1, B, 4), torch.zeros(T, B, dtype=torch.int64)
     with torch.no_grad():

@@ -14,8 +14,10 @@ T, B = 5, 3
 def make_learner(**overrides):
     cfg = Config(seed=0, **overrides)
     env = gym.make("CartPole-v1")
-    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", None, None, None,
-                      type("Q", (), {"full_slot": None, "free_slot": None, "report": None}), "/nonexistent")
+    queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None})
+    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", buffers=None,
+                      weights=None, hparams=None, ctl=None, queues=queues,
+                      optimizer_path="/nonexistent")
     learner.model = ActorCritic(env.observation_space, env.action_space, cfg)
     return learner
 

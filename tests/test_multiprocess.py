@@ -86,16 +86,17 @@ def test_run_trains_and_shuts_down_cleanly():
     with APPO("CartPole-v1", **SMALL) as model:
         before = params(model)
         model.train(20_000)
-        assert worker_children() == []
-        assert new_shm_entries(shm_before) == set()
+        workers = {p.pid for p in worker_children()}
+        assert len(workers) == NUM_COMPONENTS  # paused between calls, not gone
         assert model.num_timesteps == 79 * 256  # the smallest multiple of batch_size >= 20_000
         assert model.policy_version == 79
         assert changed(before, model)
         assert model.logger.num_episodes > 0
         assert 0 <= model.logger.last_train["policy_lag_max"] <= model.config.max_policy_lag
-        # The model goes on training from where it stopped, with new processes.
+        # The model goes on training from where it stopped, in the same processes.
         model.train(256)
         assert model.num_timesteps == 80 * 256 and model.policy_version == 80
+        assert {p.pid for p in worker_children()} == workers
     assert worker_children() == []
     assert new_shm_entries(shm_before) == set()
 

@@ -1,0 +1,137 @@
+"""Worker processes stay alive, paused, between train() calls; hyper-parameters assigned on the
+model reach the running learner; close(), garbage collection and interpreter exit stop them."""
+import functools
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import custom_envs
+from asyncrl import APPO, ConfigError
+from test_multiprocess import NUM_COMPONENTS, SMALL, worker_children
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_second_call_resumes_the_same_processes_within_a_second(tmp_path):
+    env = functools.partial(custom_envs.StampedCartPole, str(tmp_path))
+    with APPO(env, **SMALL) as model:
+        model.train(2048)
+        pids = {p.pid for p in worker_children()}
+        assert len(pids) == NUM_COMPONENTS
+        time.sleep(1.0)  # paused: no env steps
+        paused_stamps = custom_envs.read_stamps(str(tmp_path))
+        time.sleep(0.5)
+        np.testing.assert_array_equal(custom_envs.read_stamps(str(tmp_path)), paused_stamps)
+        t_call = time.time()
+        model.train(2048)
+        stamps = custom_envs.read_stamps(str(tmp_path))
+        first_new_step = stamps[:, 1][stamps[:, 1] > t_call].min()
+        assert first_new_step - t_call < 1.0, f"{first_new_step - t_call:.3f} s to the first step"
+        assert {p.pid for p in worker_children()} == pids
+
+
+def test_assigned_hyperparameters_reach_the_running_learner():
+    with APPO("CartPole-v1", **SMALL) as model:
+        model.train(512)
+        pids = {p.pid for p in worker_children()}
+        model.learning_rate, model.ent_coef, model.gamma = 3e-4, 0.02, 0.95
+        model.clip_range = 0.3  # SB3's name for clip_coef
+        model.train(512)
+        last = model.logger.last_train
+        assert (last["learning_rate"], last["ent_coef"], last["gamma"], last["clip_range"]) == \
+            (3e-4, 0.02, 0.95, 0.3)
+        assert model.config.clip_coef == 0.3 and model.config.learning_rate == 3e-4
+        assert {p.pid for p in worker_children()} == pids  # nothing restarted
+
+
+def test_learning_rate_schedule_follows_progress_remaining():
+    seen = []
+    with APPO("CartPole-v1", learning_rate=lambda p: 1e-3 * p + 1e-5, **SMALL) as model:
+        model.train(4096, callback=lambda m: seen.append(m.logger.last_train.get("learning_rate")),
+                    callback_interval=0.05)
+        lrs = [x for x in seen if x is not None]
+        assert lrs and lrs[-1] < lrs[0] <= 1e-3 + 1e-5  # annealed while training
+        assert model.config.learning_rate < 1e-3
+
+
+def test_bad_assigned_hyperparameter_is_rejected_before_anything_runs():
+    with APPO("CartPole-v1", **SMALL) as model:
+        model.learning_rate = -1.0
+        with pytest.raises(ConfigError, match=r"learning_rate=-1.0: must be a number > 0"):
+            model.train(256)
+        assert worker_children() == []
+        model.learning_rate = 1e-3
+        model.train(256)  # fixed: trains
+        assert model.num_timesteps == 256
+
+
+def test_structural_config_change_restarts_the_graph():
+    with APPO("CartPole-v1", **SMALL) as model:
+        model.train(256)
+        pids = {p.pid for p in worker_children()}
+        model.config = model.config.replace(num_workers=1, batch_size=128)
+        model.train(128)
+        now = {p.pid for p in worker_children()}
+        assert len(now) == NUM_COMPONENTS - 1 and not now & pids
+
+
+def test_garbage_collection_stops_the_workers():
+    model = APPO("CartPole-v1", **SMALL)
+    model.train(256)
+    assert len(worker_children()) == NUM_COMPONENTS
+    del model
+    gc.collect()
+    assert worker_children() == []
+
+
+def test_interpreter_exit_stops_the_workers(tmp_path):
+    script = textwrap.dedent("""
+        import psutil
+        from asyncrl import APPO
+        model = APPO("CartPole-v1", num_workers=2, num_envs_per_worker=4, rollout=16,
+                     batch_size=256, minibatch_size=128, device="cpu", verbose=0)
+        model.train(256)
+        print(" ".join(str(c.pid) for c in psutil.Process().children(recursive=True)), flush=True)
+        # no close(): the interpreter exits with the workers paused
+    """)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - t0 < 60
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) >= NUM_COMPONENTS
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_closed_model_trains_again_in_new_processes():
+    model = APPO("CartPole-v1", **SMALL)
+    try:
+        model.train(256)
+        old = {p.pid for p in worker_children()}
+        model.close()
+        assert worker_children() == []
+        model.train(256)
+        assert model.num_timesteps == 512
+        assert not {p.pid for p in worker_children()} & old
+    finally:
+        model.close()
+    assert worker_children() == []
+    assert os.path.isdir(model._tmpdir)  # close() keeps the optimizer state for later calls
