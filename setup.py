@@ -17,10 +17,14 @@ setup(
         "faster-fifo>=1.4.5",
         "psutil>=5.9",
         "tensorboardX>=2.6",
+        "tqdm>=4.60",
     ],
     extras_require={
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],
         "bench": ["matplotlib>=3.5"],
-        "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5"],
+        "sb3": ["stable-baselines3>=2.3"],  # get_env(), SB3 callbacks in learn()
+        "ray": ["ray>=2.9"],                # asyncrl.pbt on a Ray cluster
+        "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5",
+                  "stable-baselines3>=2.3", "ray>=2.9", "matplotlib>=3.5"],
     },
 )

@@ -237,6 +237,10 @@ class APPO:
             self._eval_vec_env = DummyVecEnv([lambda: Monitor(factory())])
         return self._eval_vec_env
 
+    def get_vec_normalize_env(self) -> None:
+        """SB3 API: no ``VecNormalize`` wrapper is used."""
+        return None
+
     # --- parameters -----------------------------------------------------------------------
     def get_parameters(self) -> Dict[str, dict]:
         """SB3's layout: ``{"policy": state_dict, "policy.optimizer": Adam state}`` (copies, CPU)."""

@@ -28,11 +28,14 @@ class SB3CallbackDriver:
         self.callback, self.model, self.num_envs = callback, model, num_envs
         self.locals = {"self": model, "total_timesteps": total_timesteps, "callback": callback}
         self.steps_seen, self.version_seen = model.num_timesteps, model.policy_version
+        self.stopped = False
         callback.init_callback(model)
         callback.on_training_start(self.locals, globals())
         callback.on_rollout_start()
 
     def __call__(self, model) -> bool:
+        if self.stopped:
+            return False
         if model.policy_version != self.version_seen:
             self.version_seen = model.policy_version
             self.callback.on_rollout_end()
@@ -41,6 +44,7 @@ class SB3CallbackDriver:
         while model.num_timesteps - self.steps_seen >= self.num_envs:
             self.steps_seen += self.num_envs
             if self.callback.on_step() is False:
+                self.stopped = True
                 return False
         return True
 

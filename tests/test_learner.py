@@ -54,6 +54,28 @@ def test_termination_never_bootstraps():
     assert vt.vs[2, 1].item() == pytest.approx(1.0, abs=1e-5)
 
 
+def test_samples_from_replaced_weights_are_not_trained_on():
+    """After set_parameters (MIN_VERSION moved), older samples are masked; a batch of only such
+    samples makes no update at all (Adam's momentum would still move the weights)."""
+    from asyncrl.buffers import Ctl, SharedControl
+    learner = make_learner(minibatch_size=5, batch_size=15, rollout=5, num_envs_per_worker=6)
+    learner.ctl = SharedControl()
+    learner.ctl[Ctl.PAUSED] = 0
+    learner.version = 7
+    learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)._replace(
+        policy_versions=torch.full((T, B), 6, dtype=torch.int64))
+    learner.ctl[Ctl.MIN_VERSION] = 7
+    assert learner.train_on(batch) == {}
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+    versions = torch.full((T, B), 6, dtype=torch.int64)
+    versions[:, 0] = 7  # one trajectory made by the new weights
+    stats = learner.train_on(batch._replace(policy_versions=versions))
+    assert stats["masked_fraction"] == pytest.approx(2 / 3)
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+
+
 def test_image_env_trains_in_serial_mode_with_uint8_obs():
     with APPO(custom_envs.tiny_image_env, num_workers=1, num_envs_per_worker=2, rollout=8,
               batch_size=16, minibatch_size=8, serial_mode=True, seed=0, verbose=0) as model:
