@@ -18,15 +18,21 @@ def parse_value(text: str):
         return text  # a plain string, e.g. --device cpu
 
 
+def add_config_flags(ap: argparse.ArgumentParser) -> None:
+    """Every Config field as ``--field value``, its documentation as help; unset ones are absent
+    from the parsed namespace."""
+    for f in dataclasses.fields(Config):
+        ap.add_argument(f"--{f.name}", type=parse_value, default=argparse.SUPPRESS,
+                        help=f"{f.metadata['doc']} (default: {f.default!r})")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m asyncrl", description=__doc__)
     ap.add_argument("--env", default="CartPole-v1", help="Gymnasium id (default: CartPole-v1)")
     ap.add_argument("--steps", type=int, default=200_000, help="env steps to train for")
     ap.add_argument("--eval_episodes", type=int, default=10)
     ap.add_argument("--save", default=None, help="write the trained model to this path")
-    for f in dataclasses.fields(Config):
-        ap.add_argument(f"--{f.name}", type=parse_value, default=argparse.SUPPRESS,
-                        help=f"{f.metadata['doc']} (default: {f.default!r})")
+    add_config_flags(ap)
     args = vars(ap.parse_args(argv))
     env, steps, episodes, save = (args.pop(k) for k in ("env", "steps", "eval_episodes", "save"))
     t0 = time.perf_counter()
