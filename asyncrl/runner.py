@@ -308,8 +308,14 @@ class Runner:
         for p in self.procs:
             if p.exitcode is not None:
                 self._drain_reports(raise_errors=True)  # a traceback beats an exit code
+                hint = ""
+                if p.exitcode == 1 and p.name not in self.logger.last_seen:
+                    hint = ("; it never reported: if training starts from a script, keep that code "
+                            "under `if __name__ == \"__main__\":` (workers are spawned and import "
+                            "the script)")
                 raise WorkerError(f"{p.name} (pid {p.pid}) exited unexpectedly with code "
-                                  f"{p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else ""))
+                                  f"{p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
+                                  + hint)
 
     def _drain_reports(self, raise_errors: bool, timeout: float = 0.0) -> None:
         try:

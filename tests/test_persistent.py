@@ -135,3 +135,13 @@ def test_closed_model_trains_again_in_new_processes():
         model.close()
     assert worker_children() == []
     assert os.path.isdir(model._tmpdir)  # close() keeps the optimizer state for later calls
+
+
+def test_script_without_main_guard_gets_a_hint(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("from asyncrl import APPO\n"
+                      "APPO('CartPole-v1', num_workers=1, device='cpu', verbose=0).train(1024)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode != 0
+    assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]
