@@ -93,15 +93,27 @@ class RayBackend:
     """Members as Ray actors; calls run on all of them at once."""
 
     def __init__(self, members_args: List[tuple], address: Optional[str] = None,
-                 num_cpus: float = 1.0):
+                 num_cpus: Optional[float] = None):
         try:
             import ray
         except ImportError as e:
             raise ImportError("the Ray backend needs Ray: pip install 'asyncrl[ray]'") from e
-        self.ray = ray
+        self.ray, self.members = ray, []
         self.started_ray = not ray.is_initialized()
         if self.started_ray:
+            # Ray runs its workers at nice 15 by default; members are the job, not background work
+            os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        total = ray.cluster_resources().get("CPU", 0.0)
+        n = len(members_args)
+        if num_cpus is None:  # every member placed at once, on whatever CPUs the cluster has
+            num_cpus = min(1.0, total / n)
+        if n * num_cpus > total:
+            self.close()
+            raise ValueError(
+                f"{n} members x ray_num_cpus={num_cpus} = {n * num_cpus} CPUs, but the Ray cluster "
+                f"has {total:g}: the members would wait forever to be placed. Lower ray_num_cpus "
+                f"(fractions are fine, e.g. {total / n:g}) or add nodes")
         actor = ray.remote(num_cpus=num_cpus)(Member)
         self.members = [actor.remote(*args) for args in members_args]
 
@@ -135,7 +147,8 @@ class PBT:
     :param perturb_factors: explore multiplies a value by one of these (then clips it to the
         search bounds).
     :param resample_prob: chance that explore draws a value afresh instead.
-    :param backend: "local" or "ray"; ``ray_address`` and ``ray_num_cpus`` (per member) for Ray.
+    :param backend: "local" or "ray"; ``ray_address`` and ``ray_num_cpus`` (CPUs Ray reserves per
+        member; default: 1, or the cluster's CPUs / members when fewer) for Ray.
     :param appo_kwargs: Config fields given to every member (e.g. ``num_workers``).
     """
 
@@ -145,7 +158,7 @@ class PBT:
                  exploit_fraction: float = 0.25, perturb_factors: Tuple[float, ...] = (0.8, 1.25),
                  resample_prob: float = 0.25, out_dir: str = "pbt_run", seed: int = 0,
                  backend: str = "local", ray_address: Optional[str] = None,
-                 ray_num_cpus: float = 1.0, **appo_kwargs):
+                 ray_num_cpus: Optional[float] = None, **appo_kwargs):
         from .config import MUTABLE_HPARAMS, ConfigError
         self.search = dict(DEFAULT_SEARCH if search is None else search)
         errors = [f"search: {n!r} is not tunable; choose among {MUTABLE_HPARAMS}"
@@ -288,7 +301,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--target", type=float, default=None, help="stop once a member scores this")
     ap.add_argument("--backend", choices=("local", "ray"), default="local")
     ap.add_argument("--address", default=None, help="Ray cluster address (e.g. auto)")
-    ap.add_argument("--ray_num_cpus", type=float, default=1.0, help="CPUs Ray reserves per member")
+    ap.add_argument("--ray_num_cpus", type=float, default=None,
+                    help="CPUs Ray reserves per member (default: 1, or cluster CPUs / members)")
     ap.add_argument("--out", default="pbt_run", help="output directory")
     add_config_flags(ap)  # Config fields given to every member; --seed seeds the whole population
     args = vars(ap.parse_args(argv))
