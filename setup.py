@@ -18,13 +18,18 @@ setup(
         "psutil>=5.9",
         "tensorboardX>=2.6",
         "tqdm>=4.60",
+        "pyyaml>=5.4",
     ],
+    entry_points={"console_scripts": ["asyncrl=asyncrl.cli:main"]},
     extras_require={
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],
         "bench": ["matplotlib>=3.5"],
         "sb3": ["stable-baselines3>=2.3"],  # get_env(), SB3 callbacks in learn()
         "ray": ["ray>=2.9"],                # asyncrl.pbt on a Ray cluster
+        # asyncrl enjoy --save_video (pygame renders gymnasium's classic-control envs)
+        "video": ["imageio>=2.20", "imageio-ffmpeg>=0.4", "pygame>=2.1"],
         "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5",
-                  "stable-baselines3>=2.3", "ray>=2.9", "matplotlib>=3.5"],
+                  "stable-baselines3>=2.3", "ray>=2.9", "matplotlib>=3.5", "imageio>=2.20",
+                  "imageio-ffmpeg>=0.4", "pygame>=2.1"],
     },
 )

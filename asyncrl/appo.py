@@ -205,20 +205,9 @@ class APPO:
         """Mean and std of the raw episode return (whole games: no reward clipping, no episodic
         life) over ``n_episodes``, played in this process."""
         env = eval_env_factory(self.env_factory)()
-        returns = []
         try:
-            for ep in range(n_episodes):
-                obs, _ = env.reset(seed=None if seed is None else seed + ep)
-                total = 0.0
-                while True:
-                    action, _ = self.predict(obs, deterministic=deterministic)
-                    obs, reward, terminated, truncated, info = env.step(int(action))
-                    total += float(reward)
-                    if terminated or truncated:
-                        if info.get("game_over", True):
-                            break
-                        obs, _ = env.reset()  # a custom env's life loss: the game goes on
-                returns.append(total)
+            returns = [play_episode(self, env, deterministic, None if seed is None else seed + ep)[0]
+                       for ep in range(n_episodes)]
         finally:
             env.close()
         return float(np.mean(returns)), float(np.std(returns))
@@ -365,6 +354,25 @@ class APPO:
         """``close()``, and the scratch directory (the optimizer state file) is removed."""
         self.close()
         self._finalizer()
+
+
+def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[int] = None,
+                 on_step: Optional[Callable] = None) -> Tuple[float, int]:
+    """Play one whole episode of ``env`` with ``model.predict``: (raw return, length). An env
+    that ends learning episodes inside a game (``info["game_over"]`` False) plays on to the end
+    of the game. ``on_step(env)`` runs after every step (e.g. to grab a rendered frame)."""
+    obs, _ = env.reset(seed=seed)
+    total, length = 0.0, 0
+    while True:
+        action, _ = model.predict(obs, deterministic=deterministic)
+        obs, reward, terminated, truncated, info = env.step(int(action))
+        total, length = total + float(reward), length + 1
+        if on_step is not None:
+            on_step(env)
+        if terminated or truncated:
+            if info.get("game_over", True):
+                return total, length
+            obs, _ = env.reset()  # a lost life: the game goes on
 
 
 def _schedule_value(name: str, value: Any, progress_remaining: float) -> Any:

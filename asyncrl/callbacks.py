@@ -54,22 +54,26 @@ class SB3CallbackDriver:
 
 
 class ProgressBar:
-    """A tqdm bar over the env steps of one call, with FPS and the recent mean return."""
+    """A tqdm bar of env steps (``model.num_timesteps - offset`` of ``total``), with the recent
+    mean return; ``write`` prints a line above it."""
 
-    def __init__(self, total: int, start: int):
+    def __init__(self, total: int, offset: int = 0, initial: int = 0):
         try:
             from tqdm.auto import tqdm
         except ImportError as e:
-            raise ImportError("progress_bar=True needs tqdm: pip install tqdm") from e
-        self.start = start
-        self.bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True,
-                        file=sys.stderr, desc="asyncrl")
+            raise ImportError("the progress bar needs tqdm: pip install tqdm") from e
+        self.offset = offset
+        self.bar = tqdm(total=total, initial=initial, unit="step", unit_scale=True,
+                        dynamic_ncols=True, file=sys.stderr, desc="asyncrl")
 
     def __call__(self, model) -> None:
-        self.bar.n = model.num_timesteps - self.start
+        self.bar.n = model.num_timesteps - self.offset
         rew = model.logger.ep_rew_mean
         self.bar.set_postfix_str(f"ep_rew_mean {rew:.1f}" if rew == rew else "", refresh=False)
         self.bar.refresh()
+
+    def write(self, line: str) -> None:
+        self.bar.write(line, file=sys.stdout)
 
     def close(self) -> None:
         self.bar.close()

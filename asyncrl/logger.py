@@ -1,6 +1,8 @@
 """Main-process bookkeeping of reports: console summary, TensorBoard scalars under SB3's names."""
 from __future__ import annotations
 
+import csv
+import functools
 import math
 import os
 import time
@@ -31,6 +33,9 @@ class TrainLogger:
         self.ep_lengths = deque(maxlen=stats_window)
         self.num_episodes = 0
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
+        self.write = functools.partial(print, flush=True)  # a progress bar swaps in its own
+        self.csv_path, self.csv_rows = None, []
+        self.start_time = time.time()
         self.writer = None
         if tensorboard_dir is not None:
             from tensorboardX import SummaryWriter
@@ -63,6 +68,31 @@ class TrainLogger:
             self.last_train = report.payload
         elif report.kind is ReportKind.TIMING:
             self.timings[report.component] = report.payload
+
+    def log_to_csv(self, path: str) -> None:
+        """Also append every summary's scalars to the CSV file ``path`` (rows already in it are
+        kept: a resumed run goes on in the same file)."""
+        self.csv_path = path
+        if os.path.exists(path):
+            with open(path, newline="") as f:
+                self.csv_rows = list(csv.DictReader(f))
+
+    def _write_csv(self, row: dict) -> None:
+        """One row more; the file is rewritten when new columns appear (as SB3's CSV logger)."""
+        new_columns = not self.csv_rows or set(row) - set(self.csv_rows[0])
+        self.csv_rows.append(row)
+        if new_columns:
+            columns = list(dict.fromkeys(k for r in self.csv_rows for k in r))
+            tmp = self.csv_path + ".tmp"
+            with open(tmp, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=columns, restval="")
+                w.writeheader()
+                w.writerows(self.csv_rows)
+            os.replace(tmp, self.csv_path)
+            self.csv_rows[0] = {c: self.csv_rows[0].get(c, "") for c in columns}
+            return
+        with open(self.csv_path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=list(self.csv_rows[0]), restval="").writerow(row)
 
     def record(self, key: str, value, exclude=None) -> None:
         """SB3's ``logger.record``: a scalar written with the next summary (non-numbers are
@@ -98,12 +128,16 @@ class TrainLogger:
         self.last_log = now
         scalars = self.scalars()
         if self.verbose >= 1:
-            print(self.summary_line(trained_env_steps, scalars), flush=True)
+            self.write(self.summary_line(trained_env_steps, scalars))
         if self.writer is not None:
             for k, v in scalars.items():
                 if not math.isnan(v):
                     self.writer.add_scalar(k, v, trained_env_steps)
             self.writer.flush()
+        if self.csv_path is not None:
+            self._write_csv({"time/total_timesteps": trained_env_steps,
+                             "time/time_elapsed": round(time.time() - self.start_time, 2),
+                             **{k: v for k, v in scalars.items() if not math.isnan(v)}})
         self.train_sums, self.num_updates_since_log = defaultdict(float), 0
         self.timings_logged = dict(self.timings)
         self.recorded = {}

@@ -289,8 +289,8 @@ class PBT:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    from .__main__ import add_config_flags
-    ap = argparse.ArgumentParser(prog="python -m asyncrl.pbt", description=__doc__.split("\n")[0])
+    from .cli import add_config_flags
+    ap = argparse.ArgumentParser(prog="python -m asyncrl.pbt", allow_abbrev=False, description=__doc__.split("\n")[0])
     pbt_flags = ("env", "members", "generations", "steps", "eval_episodes", "target", "backend",
                  "address", "ray_num_cpus", "out")
     ap.add_argument("--env", default="CartPole-v1")

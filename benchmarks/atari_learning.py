@@ -14,7 +14,7 @@ import csv
 import time
 
 from asyncrl import APPO
-from asyncrl.__main__ import parse_value
+from asyncrl.cli import parse_value
 from asyncrl.config import ATARI_DEFAULTS
 
 FRAME_SKIP = 4

@@ -1,0 +1,430 @@
+"""The ``asyncrl`` command (also ``python -m asyncrl``).
+
+    asyncrl train --env CartPole-v1 --experiment cartpole [--steps 500000] [--config hp.yaml]
+                  [--train_dir train_dir] [--field value ...]      # the same again: resumes
+    asyncrl enjoy --experiment cartpole [--save_video] [--max_episodes 3] [--deterministic]
+    asyncrl evaluate --experiment cartpole --episodes 20
+    asyncrl plot train_dir/cartpole [train_dir/other ...] [--out curves.png]
+    asyncrl benchmark atari|cartpole|atari_learning [its flags]
+
+Without a command, ``python -m asyncrl`` trains CartPole-v1 with the defaults and evaluates it.
+Every experiment lives in ``TRAIN_DIR/NAME`` (see :class:`RunDir`).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import List, Optional
+
+from .config import Config, ConfigError
+
+COMMANDS = ("train", "enjoy", "evaluate", "plot", "benchmark")
+BENCHMARKS = ("atari_throughput", "cartpole_throughput", "atari_learning")
+
+
+def parse_value(text: str):
+    """A flag value as a Python literal when it is one (3, 2.5e-4, True, None, (64, 64)), else text."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a plain string, e.g. --device cpu
+
+
+def add_config_flags(ap: argparse.ArgumentParser) -> None:
+    """Every Config field as ``--field value``, its documentation as help; unset ones are absent
+    from the parsed namespace."""
+    group = ap.add_argument_group("config fields (asyncrl.Config)")
+    for f in dataclasses.fields(Config):
+        group.add_argument(f"--{f.name}", type=parse_value, default=argparse.SUPPRESS,
+                           help=f"{f.metadata['doc']} (default: {f.default!r})")
+
+
+def config_flags(args: dict) -> dict:
+    """The Config fields among parsed arguments (those given on the command line)."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    return {k: v for k, v in args.items() if k in names}
+
+
+class RunDir:
+    """``TRAIN_DIR/NAME`` of one experiment:
+
+    - ``config.yaml``: env, env_kwargs, total steps and every Config field, as resolved;
+    - ``checkpoints/checkpoint_<env steps>.pt``: ``APPO.save`` files, the newest ``keep`` kept;
+    - ``progress.csv``: the console summary's scalars (SB3's names), one row per summary;
+    - ``tb/APPO_N``: TensorBoard scalars (one N per ``train`` command);
+    - ``summary.json``: steps, time, FPS and mean return at the end of the last ``train``;
+    - ``evaluation.json``: from ``asyncrl evaluate``; ``videos/``: from ``asyncrl enjoy``.
+    """
+
+    def __init__(self, train_dir: str, experiment: str):
+        if not experiment or os.sep in experiment:
+            raise ConfigError(f"--experiment {experiment!r}: a plain name, no path separators")
+        self.path = os.path.join(train_dir, experiment)
+        self.config_path = os.path.join(self.path, "config.yaml")
+        self.checkpoint_dir = os.path.join(self.path, "checkpoints")
+        self.progress_csv = os.path.join(self.path, "progress.csv")
+
+    def checkpoints(self) -> List[str]:
+        if not os.path.isdir(self.checkpoint_dir):
+            return []
+        names = sorted(n for n in os.listdir(self.checkpoint_dir)
+                       if n.startswith("checkpoint_") and n.endswith(".pt"))
+        return [os.path.join(self.checkpoint_dir, n) for n in names]
+
+    def latest_checkpoint(self) -> Optional[str]:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def require_checkpoint(self) -> str:
+        latest = self.latest_checkpoint()
+        if latest is None:
+            raise ConfigError(f"no checkpoint in {self.checkpoint_dir}: train the experiment first "
+                              "(asyncrl train --experiment NAME ...), or check --train_dir")
+        return latest
+
+    def save_checkpoint(self, model, keep: int) -> str:
+        path = os.path.join(self.checkpoint_dir, f"checkpoint_{model.num_timesteps:015d}.pt")
+        model.save(path)
+        for old in self.checkpoints()[:-keep]:
+            os.remove(old)
+        return path
+
+    def read_config(self) -> Optional[dict]:
+        if not os.path.exists(self.config_path):
+            return None
+        import yaml
+        with open(self.config_path) as f:
+            return yaml.safe_load(f)
+
+    def write_config(self, env, env_kwargs: dict, steps: int, cfg: Config) -> None:
+        import yaml
+        os.makedirs(self.path, exist_ok=True)
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+        doc = {"env": env if isinstance(env, str) else repr(env), "env_kwargs": env_kwargs or {},
+               "steps": steps, "config": fields}
+        tmp = self.config_path + ".tmp"
+        with open(tmp, "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
+        os.replace(tmp, self.config_path)
+
+    def write_json(self, name: str, data: dict) -> str:
+        path = os.path.join(self.path, name)
+        with open(path + ".tmp", "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(path + ".tmp", path)
+        return path
+
+
+def read_hyperparams(path: str, env_id: str) -> dict:
+    """An RL Zoo-style YAML file: ``{env id: {field: value}}``, or one flat ``{field: value}``."""
+    import yaml
+    with open(path) as f:
+        doc = yaml.safe_load(f) or {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of Config fields (or env id -> fields)")
+    if env_id in doc:
+        doc = doc[env_id]
+    elif any(isinstance(v, dict) for v in doc.values()):
+        raise ConfigError(f"--config {path} has sections {sorted(doc)} but none for {env_id!r}")
+    return dict(doc)
+
+
+def resolve_env(text: str):
+    """A Gymnasium id, or ``package.module:function`` naming an env factory."""
+    if ":" in text and not text.startswith("ALE/"):
+        import importlib
+        module, _, name = text.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"--env {text}: could not import {name} from {module} ({e})") from e
+    return text
+
+
+# --- train --------------------------------------------------------------------------------
+def cmd_train(args: dict) -> None:
+    from .appo import APPO
+    from .callbacks import ProgressBar
+    run = RunDir(args.pop("train_dir"), args.pop("experiment"))
+    saved = run.read_config() or {}
+    env_text = args.pop("env") or saved.get("env")
+    if env_text is None:
+        raise ConfigError(f"{run.path} is a new experiment: give --env (e.g. --env CartPole-v1)")
+    if saved and env_text != saved["env"]:
+        raise ConfigError(f"experiment {run.path} trains {saved['env']}, not {env_text}; "
+                          "choose another --experiment")
+    env = resolve_env(env_text)
+    env_kwargs = args.pop("env_kwargs") or saved.get("env_kwargs") or None
+    steps = args.pop("steps") or saved.get("steps") or 1_000_000
+    explicit = {**(read_hyperparams(args.pop("config"), env_text) if args.get("config") else {}),
+                **config_flags(args)}
+    explicit.setdefault("tensorboard_log", os.path.join(run.path, "tb"))
+    checkpoint = run.latest_checkpoint()
+    if checkpoint is None:
+        model = APPO(env, env_kwargs=env_kwargs, **explicit)
+    else:
+        model = APPO.load(checkpoint, **explicit)
+        print(f"resuming {run.path} from {os.path.basename(checkpoint)} "
+              f"({model.num_timesteps:,} env steps)" + _config_changes(saved.get("config"), model.config))
+    run.write_config(env_text, env_kwargs, steps, model.config)
+    model.logger.log_to_csv(run.progress_csv)
+    if model.num_timesteps >= steps:
+        print(f"{run.path} has trained {model.num_timesteps:,} of --steps {steps:,}: nothing to do "
+              "(raise --steps to train further)")
+        return
+    bar = ProgressBar(steps, 0, model.num_timesteps) if args["progress_bar"] else None
+    if bar is not None:
+        model.logger.write = bar.write
+    _train_with_checkpoints(model, run, steps, args, bar)
+
+
+def _config_changes(saved: Optional[dict], cfg: Config) -> str:
+    if not saved:
+        return ""
+    changed = [f"{k} {saved[k]!r} -> {v!r}" for k, v in dataclasses.asdict(cfg).items()
+               if k in saved and saved[k] != (list(v) if isinstance(v, tuple) else v)]
+    return ("; changed since the saved config: " + ", ".join(changed)) if changed else ""
+
+
+def _train_with_checkpoints(model, run: RunDir, steps: int, args: dict, bar) -> None:
+    """Train to ``steps`` in total, checkpointing every ``save_every`` seconds and at the end,
+    also after an error or Ctrl-C (the weights kept are the last published ones)."""
+    start_steps, t0 = model.num_timesteps, time.perf_counter()
+    last_save = [time.perf_counter()]
+
+    def hook(m):
+        if bar is not None:
+            bar(m)
+        if time.perf_counter() - last_save[0] >= args["save_every"]:
+            run.save_checkpoint(m, args["keep_checkpoints"])
+            last_save[0] = time.perf_counter()
+
+    try:
+        model.train(steps - model.num_timesteps, callback=hook, callback_interval=0.5)
+    except KeyboardInterrupt:
+        path = run.save_checkpoint(model, args["keep_checkpoints"])
+        print(f"\ninterrupted at {model.num_timesteps:,} env steps; saved {path}; run the same "
+              "command to resume", file=sys.stderr)
+        raise SystemExit(130)
+    except Exception:
+        run.save_checkpoint(model, args["keep_checkpoints"])
+        raise
+    finally:
+        if bar is not None:
+            bar(model)
+            bar.close()
+        model.close()
+    seconds = time.perf_counter() - t0
+    path = run.save_checkpoint(model, args["keep_checkpoints"])
+    run.write_json("summary.json", dict(
+        env_steps=model.num_timesteps, policy_version=model.policy_version, seconds=round(seconds, 1),
+        fps=round((model.num_timesteps - start_steps) / seconds, 1),
+        ep_rew_mean=model.logger.ep_rew_mean, checkpoint=os.path.relpath(path, run.path)))
+    print(f"trained {run.path} to {model.num_timesteps:,} env steps in {seconds:.1f} s; saved {path}")
+
+
+# --- enjoy / evaluate -------------------------------------------------------------------------
+def _load(run: RunDir, checkpoint: Optional[str]):
+    from .appo import APPO
+    return APPO.load(checkpoint or run.require_checkpoint(), device="cpu", verbose=0,
+                     tensorboard_log=None)
+
+
+def cmd_enjoy(args: dict) -> None:
+    from .appo import play_episode
+    from .env_utils import GymIdFactory, eval_env_factory
+    run = RunDir(args["train_dir"], args["experiment"])
+    model = _load(run, args["checkpoint"])
+    factory = eval_env_factory(model.env_factory)
+    if args["save_video"] and isinstance(factory, GymIdFactory):
+        factory = GymIdFactory(factory.env_id, {**factory.env_kwargs, "render_mode": "rgb_array"})
+    if args["save_video"]:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen
+    env = factory()
+    if args["save_video"]:  # a missing renderer fails here, before any file is written
+        env.reset()
+        env.render()
+    writer = _video_writer(run, env) if args["save_video"] else None
+    try:
+        for ep in range(args["max_episodes"]):
+            on_step = None if writer is None else (lambda e: writer.append_data(_pad16(e.render())))
+            ret, length = play_episode(model, env, args["deterministic"], on_step=on_step)
+            print(f"episode {ep}: return {ret:.2f}, length {length}")
+    finally:
+        env.close()
+        if writer is not None:
+            writer.close()
+            print(f"wrote {writer.path}")
+
+
+def _video_writer(run: RunDir, env):
+    try:
+        import imageio
+    except ImportError as e:
+        raise ConfigError("--save_video needs imageio and imageio-ffmpeg: "
+                          "pip install 'asyncrl[video]'") from e
+    if env.render_mode != "rgb_array":
+        raise ConfigError(f"--save_video: the env renders with render_mode={env.render_mode!r}; "
+                          "its factory must accept/set render_mode='rgb_array'")
+    os.makedirs(os.path.join(run.path, "videos"), exist_ok=True)
+    path = os.path.join(run.path, "videos", time.strftime("enjoy_%Y%m%d_%H%M%S.mp4"))
+    # H.264 in yuv420p plays in browsers; frames are padded (not resized) to multiples of 16
+    writer = imageio.get_writer(path, fps=env.metadata.get("render_fps") or 30, codec="libx264",
+                                pixelformat="yuv420p", macro_block_size=1)
+    writer.path = path
+    return writer
+
+
+def _pad16(frame):
+    import numpy as np
+    h, w = frame.shape[:2]
+    return np.pad(frame, ((0, -h % 16), (0, -w % 16), (0, 0)), mode="edge")
+
+
+def cmd_evaluate(args: dict) -> None:
+    run = RunDir(args["train_dir"], args["experiment"])
+    checkpoint = args["checkpoint"] or run.require_checkpoint()
+    model = _load(run, checkpoint)
+    mean, std = model.evaluate(args["episodes"], deterministic=not args["stochastic"])
+    result = dict(mean_return=mean, std_return=std, episodes=args["episodes"],
+                  deterministic=not args["stochastic"], env_steps=model.num_timesteps,
+                  checkpoint=os.path.relpath(checkpoint, run.path))
+    run.write_json("evaluation.json", result)
+    print(json.dumps(result))
+
+
+# --- plot -----------------------------------------------------------------------------------
+def cmd_plot(args: dict) -> None:
+    import csv
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ConfigError("asyncrl plot needs matplotlib: pip install 'asyncrl[bench]'") from e
+    fig, (ax_ret, ax_fps) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for run_dir in args["runs"]:
+        path = os.path.join(run_dir, "progress.csv") if os.path.isdir(run_dir) else run_dir
+        if not os.path.exists(path):
+            raise ConfigError(f"{run_dir}: no progress.csv (is it a run directory of asyncrl train?)")
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        label = os.path.basename(os.path.normpath(run_dir))
+        for ax, key in ((ax_ret, "rollout/ep_rew_mean"), (ax_fps, "time/fps")):
+            pts = [(float(r["time/total_timesteps"]), float(r[key])) for r in rows if r.get(key)]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label)
+    ax_ret.set_ylabel("mean episode return")
+    ax_fps.set_ylabel("env steps / s")
+    ax_fps.set_xlabel("env steps")
+    ax_ret.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(args["out"])
+    print(f"wrote {args['out']}")
+
+
+# --- benchmark ------------------------------------------------------------------------------
+def cmd_benchmark(args: dict) -> None:
+    import runpy
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    script = os.path.join(bench_dir, args["name"] + ".py")
+    if not os.path.exists(script):
+        raise ConfigError(f"{script} not found: the benchmarks ship with the source checkout "
+                          "(git clone ... && pip install -e .)")
+    sys.path.insert(0, bench_dir)
+    sys.argv = [script, *args["rest"]]
+    runpy.run_path(script, run_name="__main__")
+
+
+# --- the command line -------------------------------------------------------------------------
+def cmd_quick(args: dict) -> None:
+    """No command: train (CartPole-v1 by default) in this process's lifetime, then evaluate."""
+    from .appo import APPO
+    env, steps, episodes, save = (args.pop(k) for k in ("env", "steps", "eval_episodes", "save"))
+    t0 = time.perf_counter()
+    with APPO(resolve_env(env), **config_flags(args)) as model:
+        model.train(steps)
+        mean, std = model.evaluate(episodes)
+        print(f"trained {model.num_timesteps:,} env steps in {time.perf_counter() - t0:.1f} s; "
+              f"greedy return over {episodes} episodes: {mean:.1f} +/- {std:.1f}")
+        if save:
+            model.save(save)
+            print(f"saved to {save}")
+
+
+def _experiment_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experiment", required=True, help="experiment name (its run directory)")
+    p.add_argument("--train_dir", default="train_dir", help="where run directories live")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="asyncrl", description=__doc__.split("\n")[0], allow_abbrev=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    sub = ap.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
+    p = sub.add_parser("train", allow_abbrev=False, help="train an experiment (again: resume it)",
+                       description="Train in TRAIN_DIR/EXPERIMENT; the same command again resumes "
+                       "from the latest checkpoint. Flags given win over the saved config.")
+    _experiment_flags(p)
+    p.add_argument("--env", default=None, help="Gymnasium id or module:factory (new experiments)")
+    p.add_argument("--env_kwargs", type=parse_value, default=None, help="dict for gymnasium.make")
+    p.add_argument("--steps", type=int, default=None,
+                   help="total env steps of the experiment (default: the saved value, else 1M)")
+    p.add_argument("--config", default=None, help="YAML of Config fields, RL Zoo style "
+                   "({env id: {field: value}} or flat); flags win over it")
+    p.add_argument("--save_every", type=float, default=300.0, help="seconds between checkpoints")
+    p.add_argument("--keep_checkpoints", type=int, default=3, help="newest checkpoints kept")
+    p.add_argument("--progress_bar", action=argparse.BooleanOptionalAction,
+                   default=sys.stderr.isatty(), help="tqdm bar (default: on in a terminal)")
+    add_config_flags(p)
+    p = sub.add_parser("enjoy", allow_abbrev=False, help="play the latest checkpoint, optionally to an mp4")
+    _experiment_flags(p)
+    p.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the latest)")
+    p.add_argument("--max_episodes", type=int, default=3)
+    p.add_argument("--deterministic", action="store_true", help="greedy actions (default: sampled)")
+    p.add_argument("--save_video", action="store_true", help="write RUN_DIR/videos/enjoy_*.mp4")
+    p = sub.add_parser("evaluate", allow_abbrev=False, help="mean and std of the raw return, printed as JSON")
+    _experiment_flags(p)
+    p.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the latest)")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--stochastic", action="store_true", help="sampled actions (default: greedy)")
+    p = sub.add_parser("plot", allow_abbrev=False, help="learning curves of run directories to a PNG")
+    p.add_argument("runs", nargs="+", help="run directories (or their progress.csv)")
+    p.add_argument("--out", default="curves.png")
+    p = sub.add_parser("benchmark", allow_abbrev=False, help="run a script of benchmarks/ (source checkout)",
+                       description="asyncrl benchmark NAME [its flags]; NAME --help for them")
+    p.add_argument("name", choices=BENCHMARKS)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags")
+    return ap
+
+
+def build_quick_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m asyncrl", allow_abbrev=False, description=(
+        "Train (CartPole-v1 by default) and evaluate the greedy policy. For experiments with run "
+        "directories, resume, videos and plots see: asyncrl {train,enjoy,evaluate,plot,benchmark} --help"))
+    ap.add_argument("--env", default="CartPole-v1", help="Gymnasium id or module:factory")
+    ap.add_argument("--steps", type=int, default=200_000, help="env steps to train for")
+    ap.add_argument("--eval_episodes", type=int, default=10)
+    ap.add_argument("--save", default=None, help="write the trained model to this path")
+    add_config_flags(ap)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS or argv[:1] in (["-h"], ["--help"]):
+        ap = build_parser()
+        args = vars(ap.parse_args(argv))
+    else:
+        ap = build_quick_parser()
+        args = dict(vars(ap.parse_args(argv)), command="quick")
+    handler = globals()["cmd_" + (args.pop("command") or "quick")]
+    from gymnasium.error import DependencyNotInstalled
+    try:
+        handler(args)
+    except (ConfigError, FileNotFoundError, DependencyNotInstalled) as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")

@@ -1,0 +1,124 @@
+"""The command line end to end, in subprocesses, on CartPole with tiny budgets: train, resume,
+evaluate, enjoy with a video, plot; and its errors."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+TINY = ["--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16",
+        "--batch_size", "128", "--minibatch_size", "64", "--device", "cpu", "--log_interval", "0.5"]
+
+
+def asyncrl(*args, cwd, check=True):
+    out = subprocess.run([sys.executable, "-m", "asyncrl", *args], capture_output=True, text=True,
+                         timeout=240, cwd=cwd)
+    if check:
+        assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One experiment trained to 2048 env steps, then resumed to 4096 by the same command."""
+    cwd = tmp_path_factory.mktemp("cli")
+    first = asyncrl("train", "--env", "CartPole-v1", "--experiment", "cp", "--steps", "2048",
+                    "--progress_bar", *TINY, cwd=cwd)
+    second = asyncrl("train", "--env", "CartPole-v1", "--experiment", "cp", "--steps", "4096",
+                     "--progress_bar", "--learning_rate", "5e-4", *TINY, cwd=cwd)
+    return dict(cwd=cwd, dir=cwd / "train_dir" / "cp", first=first, second=second)
+
+
+def test_train_writes_the_run_directory(run):
+    d = run["dir"]
+    assert sorted(os.listdir(d)) == ["checkpoints", "config.yaml", "progress.csv", "summary.json", "tb"]
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["env_steps"] == 4096
+    import yaml
+    config = yaml.safe_load((d / "config.yaml").read_text())
+    assert config["env"] == "CartPole-v1" and config["steps"] == 4096
+    assert config["config"]["learning_rate"] == 5e-4 and config["config"]["rollout"] == 16
+    with open(d / "progress.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    steps = [int(r["time/total_timesteps"]) for r in rows]
+    assert steps == sorted(steps) and steps[-1] == 4096  # one file across the resume
+    assert {"rollout/ep_rew_mean", "time/fps", "train/policy_loss"} <= set(rows[0])
+
+
+def test_same_command_resumes_and_explicit_flags_win(run):
+    out = run["second"].stdout
+    assert "resuming" in out and "(2,048 env steps)" in out
+    assert "learning_rate 0.001 -> 0.0005" in out
+    ckpts = sorted(os.listdir(run["dir"] / "checkpoints"))
+    assert ckpts[-1] == "checkpoint_000000000004096.pt"
+    # the progress bar started at the resumed step and ended at the total
+    bar = run["second"].stderr.replace("\r", "\n")
+    assert "2.05k/4.10k" in bar and "4.10k/4.10k" in bar
+    again = asyncrl("train", "--experiment", "cp", cwd=run["cwd"])  # done: nothing to train
+    assert "nothing to do" in again.stdout
+
+
+def test_evaluate_prints_and_writes_json(run):
+    out = asyncrl("evaluate", "--experiment", "cp", "--episodes", "3", cwd=run["cwd"])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 3 and result["env_steps"] == 4096 and result["mean_return"] >= 1
+    assert json.loads((run["dir"] / "evaluation.json").read_text()) == result
+
+
+def test_enjoy_writes_a_video_that_decodes(run):
+    iio = pytest.importorskip("imageio.v3")
+    out = asyncrl("enjoy", "--experiment", "cp", "--max_episodes", "2", "--save_video",
+                  "--deterministic", cwd=run["cwd"])
+    lengths = [int(line.rsplit("length ", 1)[1]) for line in out.stdout.splitlines()
+               if line.startswith("episode ")]
+    assert len(lengths) == 2
+    videos = os.listdir(run["dir"] / "videos")
+    assert len(videos) == 1 and videos[0].endswith(".mp4")
+    frames = iio.imread(run["dir"] / "videos" / videos[0])
+    assert frames.shape[0] == sum(lengths)                    # one frame per step
+    assert frames.shape[1] % 16 == 0 and frames.shape[2] % 16 == 0 and frames.shape[3] == 3
+    assert frames[0].std() > 1                               # a picture, not a blank frame
+
+
+def test_plot_draws_curves(run):
+    out_png = run["cwd"] / "curves.png"
+    asyncrl("plot", str(run["dir"]), "--out", str(out_png), cwd=run["cwd"])
+    iio = pytest.importorskip("imageio.v3")
+    img = iio.imread(out_png)
+    assert img.shape[0] > 100 and np.unique(img.reshape(-1, img.shape[-1]), axis=0).shape[0] > 10
+
+
+def test_yaml_hyperparameters_per_env(tmp_path):
+    (tmp_path / "hp.yaml").write_text("CartPole-v1:\n  learning_rate: 0.002\n  gamma: 0.97\n"
+                                      "Acrobot-v1:\n  gamma: 0.5\n")
+    asyncrl("train", "--env", "CartPole-v1", "--experiment", "y", "--steps", "128",
+            "--config", "hp.yaml", "--gamma", "0.96", *TINY, cwd=tmp_path)
+    import yaml
+    cfg = yaml.safe_load((tmp_path / "train_dir" / "y" / "config.yaml").read_text())["config"]
+    assert cfg["learning_rate"] == 0.002 and cfg["gamma"] == 0.96  # the flag wins over the file
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--experiment", "z", "--bogus", "1"], "unrecognized arguments: --bogus"),
+    (["train", "--env", "CartPole-v1", "--experiment", "z", "--learning_rate", "-3"],
+     "learning_rate=-3: must be a number > 0"),
+    (["train", "--experiment", "z"], "new experiment: give --env"),
+    (["evaluate", "--experiment", "nothing"], "no checkpoint in"),
+    (["plot", "no/such/dir"], "no progress.csv"),
+    (["--learning_rat", "1e-3"], "unrecognized arguments: --learning_rat"),
+])
+def test_errors_name_the_flag_and_exit_2(tmp_path, args, message):
+    out = asyncrl(*args, cwd=tmp_path, check=False)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_help_at_every_level(tmp_path):
+    assert "train,enjoy,evaluate,plot,benchmark" in asyncrl("--help", cwd=tmp_path).stdout
+    for command in ("train", "enjoy", "evaluate", "plot", "benchmark"):
+        assert "usage: asyncrl " + command in asyncrl(command, "--help", cwd=tmp_path).stdout
+    assert "--learning_rate" in asyncrl("train", "--help", cwd=tmp_path).stdout
