@@ -122,3 +122,29 @@ def test_help_at_every_level(tmp_path):
     for command in ("train", "enjoy", "evaluate", "plot", "benchmark"):
         assert "usage: asyncrl " + command in asyncrl(command, "--help", cwd=tmp_path).stdout
     assert "--learning_rate" in asyncrl("train", "--help", cwd=tmp_path).stdout
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "train", "--env", "CartPole-v1",
+                             "--experiment", "c", "--steps", "100000000", *TINY],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress = tmp_path / "train_dir" / "c" / "progress.csv"
+    deadline = time.monotonic() + 120
+    def trained():
+        lines = progress.read_text().splitlines() if progress.exists() else []
+        return len(lines) > 1 and lines[-1].split(",")[0] not in ("", "0")
+    while time.monotonic() < deadline and not trained():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "run the same command to resume" in err
+    ckpts = os.listdir(tmp_path / "train_dir" / "c" / "checkpoints")
+    assert len(ckpts) == 1
+    steps = int(ckpts[0].split("_")[1].split(".")[0])
+    assert steps > 0
+    again = asyncrl("train", "--experiment", "c", "--steps", str(steps + 128), cwd=tmp_path)
+    assert f"({steps:,} env steps)" in again.stdout
+    assert f"to {steps + 128:,} env steps" in again.stdout
