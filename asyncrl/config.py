@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 ALGOS = ("appo", "impala", "ppo")
+CNNS = ("nature", "tiny")
 # Fields a running learner picks up between (and during) train() calls, without a restart; on
 # APPO they are plain attributes (a number, or a schedule: progress_remaining -> number).
 MUTABLE_HPARAMS = ("learning_rate", "gamma", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm",
@@ -77,6 +78,9 @@ class Config:
     # --- model ------------------------------------------------------------------------------
     hidden_sizes: Tuple[int, ...] = _f((64, 64), "Hidden layer widths of the MLP (vector obs).")
     activation: str = _f("tanh", 'MLP activation: "tanh" or "relu".')
+    cnn: str = _f("nature", 'Encoder of uint8 image obs: "nature" (Mnih et al. 2015: 3 convolutions '
+                  '+ 512 units) or "tiny" (1 convolution + 64 units: for throughput tests, where '
+                  'learning should cost next to nothing).')
 
     # --- logging ----------------------------------------------------------------------------
     verbose: int = _f(1, "0: silent; 1: console summary every log_interval seconds.")
@@ -183,6 +187,7 @@ class Config:
         for name in ("serial_mode", "normalize_advantages", "bootstrap_truncation"):
             check(isinstance(getattr(self, name), bool), name, "must be True or False")
         check(self.activation in ("tanh", "relu"), "activation", 'must be "tanh" or "relu"')
+        check(self.cnn in CNNS, "cnn", f"must be one of {CNNS}")
         check(self.tensorboard_log is None or isinstance(self.tensorboard_log, str),
               "tensorboard_log", "must be a directory path or None")
         if errs:  # the cross-field checks below assume well-typed fields

@@ -36,19 +36,23 @@ def mlp(in_size: int, hidden_sizes: Tuple[int, ...], activation: str) -> nn.Sequ
 
 
 class NatureCNN(nn.Module):
-    """Mnih et al. (2015): 3 convolutions and a 512-unit layer, on [C, H, W] uint8 frames."""
+    """Mnih et al. (2015): 3 convolutions and a 512-unit layer, on [C, H, W] uint8 frames.
+    ``tiny=True``: one 8x8 stride-8 convolution and 64 units, for throughput tests."""
 
-    def __init__(self, obs_shape: Tuple[int, int, int], out_size: int = 512):
+    def __init__(self, obs_shape: Tuple[int, int, int], tiny: bool = False):
         super().__init__()
         c = obs_shape[0]
-        self.convs = nn.Sequential(
-            _layer(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
-            _layer(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            _layer(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+        if tiny:
+            self.convs = nn.Sequential(_layer(nn.Conv2d(c, 16, 8, stride=8)), nn.ReLU(), nn.Flatten())
+        else:
+            self.convs = nn.Sequential(
+                _layer(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
+                _layer(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                _layer(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
         with torch.no_grad():
             n_flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Sequential(_layer(nn.Linear(n_flat, out_size)), nn.ReLU())
-        self.out_size = out_size
+        self.out_size = 64 if tiny else 512
+        self.fc = nn.Sequential(_layer(nn.Linear(n_flat, self.out_size)), nn.ReLU())
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # channels-last activations (and weights, see ActorCritic): about a third less CPU time
@@ -65,7 +69,7 @@ class ActorCritic(nn.Module):
         super().__init__()
         n_actions = int(action_space.n)
         if is_image_space(obs_space):
-            self.actor_body = NatureCNN(obs_space.shape)
+            self.actor_body = NatureCNN(obs_space.shape, tiny=cfg.cnn == "tiny")
             self.critic_body = None
             feat = self.actor_body.out_size
         else:

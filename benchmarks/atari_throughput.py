@@ -1,13 +1,15 @@
 """Atari training throughput against the machine's ceiling and Sample Factory, in one run.
 
     python benchmarks/atari_throughput.py [--env ALE/Pong-v5] [--seconds 90] [--repeats 1]
-        [--sweep] [--sf] [--json atari.json] [--png atari.png]
+        [--sweep] [--tiny] [--sf] [--json atari.json] [--png atari.png]
 
 1. Ceiling: (a) raw simulation, random actions, DeepMind preprocessing, one process per core;
    (b) core-seconds per env step of env stepping, batched inference (8 obs a call) and learning
    (all epochs, one torch thread), each measured alone; ideal FPS = cores / their sum.
 2. asyncrl: steady training FPS with the Atari defaults (2 workers x 8 envs), after a warm-up;
-   with --sweep also other worker/env layouts. Peak PSS of the process tree.
+   with --sweep also other worker/env layouts; with --tiny also 2x8 with a one-convolution CNN
+   (cnn="tiny"), where learning costs next to nothing, against the raw rate. Peak PSS of the
+   process tree.
 3. Sample Factory 2.1.1 (--sf; needs ../shared/bench/sample_factory/install.sh): its Atari preset
    for the same time, through that folder's run.sh.
 Frames = env steps x frame skip (4). Medians over --repeats.
@@ -91,21 +93,24 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=30.0)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--sweep", action="store_true", help="also 2x4, 4x4 and 2x16 layouts")
+    ap.add_argument("--tiny", action="store_true", help="also 2x8 with cnn='tiny'")
     ap.add_argument("--sf", action="store_true", help="run Sample Factory beside (needs its venv)")
     ap.add_argument("--json", default="atari_throughput.json")
     ap.add_argument("--png", default="atari_throughput.png")
     args = ap.parse_args()
     cores = os.cpu_count()
-    layouts = [(2, 8)] + ([(2, 4), (4, 4), (2, 16)] if args.sweep else [])
+    layouts = [(2, 8, "nature")] + ([(2, 4, "nature"), (4, 4, "nature"), (2, 16, "nature")]
+                                    if args.sweep else []) + ([(2, 8, "tiny")] if args.tiny else [])
+    name = lambda w, e, cnn: f"{w}x{e}" + ("" if cnn == "nature" else f" {cnn} CNN")  # noqa: E731
     cfg = Config.from_kwargs(with_defaults({}, atari=True))
-    res = {"raw": [], "costs": [], "asyncrl": {f"{w}x{e}": [] for w, e in layouts}, "sf": []}
+    res = {"raw": [], "costs": [], "asyncrl": {name(*lay): [] for lay in layouts}, "sf": []}
     for r in range(args.repeats):
         res["raw"].append(raw_env_rate(args.env, processes=cores, seconds=10.0))
         res["costs"].append(per_step_costs(args.env, cfg))
-        for w, e in layouts:
-            res["asyncrl"][f"{w}x{e}"].append(steady_fps(
+        for w, e, cnn in layouts:
+            res["asyncrl"][name(w, e, cnn)].append(steady_fps(
                 args.env, warmup=args.warmup, seconds=args.seconds, num_workers=w,
-                num_envs_per_worker=e, device="cpu", seed=r))
+                num_envs_per_worker=e, cnn=cnn, device="cpu", seed=r))
         if args.sf:
             res["sf"].append(sample_factory_fps(int(args.seconds)))
         print(f"repeat {r}: {json.dumps({k: v[-1] if isinstance(v, list) else {kk: vv[-1]['fps'] for kk, vv in v.items()} for k, v in res.items() if v}, default=str)}", flush=True)
@@ -129,7 +134,8 @@ def main() -> None:
     peak = med(x["peak_pss_gib"] for x in res["asyncrl"]["2x8"])
     print(f"asyncrl / ideal {main_fps / ideal:.2f}; asyncrl / raw {main_fps / raw:.3f}"
           + (f"; asyncrl / Sample Factory {main_fps / sf:.2f}" if sf else "; Sample Factory: not run (--sf)")
-          + f"; asyncrl peak PSS {peak:.2f} GiB")
+          + f"; asyncrl peak PSS {peak:.2f} GiB"
+          + (f"; tiny CNN / raw {fps['2x8 tiny CNN'] / raw:.2f}" if args.tiny else ""))
     with open(args.json, "w") as f:
         json.dump({"cores": cores, "ideal": ideal, "costs": costs, **res}, f, indent=1, default=str)
     try:

@@ -76,10 +76,13 @@ def test_samples_from_replaced_weights_are_not_trained_on():
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
 
 
-def test_image_env_trains_in_serial_mode_with_uint8_obs():
+@pytest.mark.parametrize("cnn, num_convs", [("nature", 3), ("tiny", 1)])
+def test_image_env_trains_in_serial_mode_with_uint8_obs(cnn, num_convs):
     with APPO(custom_envs.tiny_image_env, num_workers=1, num_envs_per_worker=2, rollout=8,
-              batch_size=16, minibatch_size=8, serial_mode=True, seed=0, verbose=0) as model:
-        assert model.policy.image  # the Nature CNN was chosen for uint8 [C, H, W]
+              batch_size=16, minibatch_size=8, serial_mode=True, seed=0, verbose=0, cnn=cnn) as model:
+        assert model.policy.image  # a CNN was chosen for uint8 [C, H, W]
+        convs = [m for m in model.policy.modules() if isinstance(m, torch.nn.Conv2d)]
+        assert len(convs) == num_convs
         before = [p.clone() for p in model.policy.parameters()]
         model.train(64)
         assert model.num_timesteps == 64
