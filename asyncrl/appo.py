@@ -310,6 +310,9 @@ class APPO:
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._hparams(1.0)
+        bad = [k for k, v in self.policy.state_dict().items() if not bool(torch.isfinite(v).all())]
+        if bad:
+            raise FloatingPointError(f"refusing to save non-finite weights ({bad}) to {path}")
         blob = {"state_dict": self.policy.state_dict(), "config": self.config.__dict__.copy(),
                 "env_factory": self.env_factory, "num_timesteps": self.num_timesteps,
                 "policy_version": self.policy_version,

@@ -152,6 +152,8 @@ class SharedWeights:
         """Write the weights with their version and the env steps they were trained on."""
         # reshape, not view: conv weights may be channels-last; the vector is in logical order
         vec = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to("cpu")
+        if not bool(torch.isfinite(vec).all()):
+            raise FloatingPointError(f"refusing to publish non-finite weights (version {version})")
         with self.lock:
             self.flat.copy_(vec)
             self.meta[0], self.meta[1] = version, env_steps

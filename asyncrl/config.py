@@ -91,6 +91,9 @@ class Config:
     # --- robustness -------------------------------------------------------------------------
     worker_timeout: float = _f(
         60.0, "Seconds any component may wait on another before the run fails as stuck.")
+    max_nonfinite_updates: int = _f(
+        10, "A minibatch step with a non-finite loss or gradient is skipped (and counted); this "
+        "many in a row end the run. Non-finite weights are never published nor saved.")
 
     # ---------------------------------------------------------------------------------------
     @property
@@ -153,7 +156,7 @@ class Config:
             return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
         for name in ("num_workers", "num_policy_workers", "learner_threads", "rollout", "batch_size", "num_epochs",
-                     "minibatch_size", "stats_window"):
+                     "minibatch_size", "stats_window", "max_nonfinite_updates"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1, name,
                   "must be an integer >= 1")
         check(is_int(self.num_envs_per_worker) and self.num_envs_per_worker >= 2

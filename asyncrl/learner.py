@@ -83,6 +83,7 @@ class Learner:
         self.pending: List[int] = []
         self.finished = False
         self.optimizer = None
+        self.nonfinite_in_a_row = 0
 
     def init(self) -> None:
         cfg = self.cfg
@@ -230,7 +231,7 @@ class Learner:
         vt, old_values = self.targets(batch)
         advantages, returns, old_values = vt.pg_advantages.flatten(), vt.vs.flatten(), old_values.flatten()
         ev = explained_variance(old_values, returns)
-        sums = None
+        sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         for _ in range(cfg.num_epochs):
             for mb in torch.randperm(T * B, device=self.device).split(cfg.minibatch_size):
                 if self.ctl.interrupted:
@@ -238,18 +239,21 @@ class Learner:
                 out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],
                                            advantages[mb], old_values[mb], returns[mb], mask[mb],
                                            clip_coef)
-                sums = out if sums is None else sums + out
-        num_steps = cfg.num_epochs * (T * B // cfg.minibatch_size)
-        stats = dict(zip(MINIBATCH_STATS, (sums / num_steps).tolist()))  # one device sync
-        stats.update(explained_variance=ev, policy_lag_mean=float(lag.mean()),
+                if out is None:
+                    skipped += 1
+                    continue
+                sums, num_steps = sums + out, num_steps + 1
+        stats = dict(zip(MINIBATCH_STATS, (sums / max(num_steps, 1)).tolist()))  # one device sync
+        stats.update(explained_variance=ev, nonfinite_skipped=skipped, policy_lag_mean=float(lag.mean()),
                      policy_lag_max=float(lag.max()), masked_fraction=1.0 - float(mask.mean()),
                      version=self.version + 1)
         stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
         return stats
 
     def _minibatch_step(self, obs, actions, behaviour_log_probs, advantages, old_values, returns,
-                        mask, clip_coef) -> torch.Tensor:
-        """One gradient step; returns the MINIBATCH_STATS values as one tensor."""
+                        mask, clip_coef) -> Optional[torch.Tensor]:
+        """One gradient step; returns the MINIBATCH_STATS values as one tensor, or None when the
+        loss or a gradient was not finite (the step is skipped: the weights stay finite)."""
         cfg = self.cfg
         if cfg.normalize_advantages and advantages.numel() > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -260,6 +264,16 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        if not bool(torch.isfinite(grad_norm) & torch.isfinite(out.loss)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_in_a_row += 1
+            if self.nonfinite_in_a_row >= cfg.max_nonfinite_updates:
+                raise FloatingPointError(
+                    f"{self.nonfinite_in_a_row} minibatch steps in a row had a non-finite loss "
+                    f"({out.loss.item()}) or gradient norm ({grad_norm.item()}); the last finite "
+                    "weights are kept. Lower learning_rate or check the env's rewards")
+            return None
+        self.nonfinite_in_a_row = 0
         self.optimizer.step()
         return torch.stack([out.pg_loss, out.v_loss, -out.entropy_loss, out.approx_kl,
                             out.clipfrac, grad_norm, out.loss.detach()])

@@ -177,3 +177,20 @@ def read_stamps(stamp_dir: str) -> np.ndarray:
     """[num_envs, 2] of every StampedCartPole's stamps."""
     return np.array([np.fromfile(os.path.join(stamp_dir, f), dtype=np.float64)
                      for f in os.listdir(stamp_dir) if f.endswith(".stamp")])
+
+
+class NaNRewardCartPole(gym.Wrapper):
+    """CartPole whose 50th step returns a NaN reward."""
+
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1"))
+        self.steps = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        return obs, float("nan") if self.steps == 50 else reward, terminated, truncated, info
+
+
+def nan_reward_env():
+    return NaNRewardCartPole()
