@@ -91,6 +91,13 @@ class Config:
     # --- robustness -------------------------------------------------------------------------
     worker_timeout: float = _f(
         60.0, "Seconds any component may wait on another before the run fails as stuck.")
+    on_env_error: str = _f(
+        "restart", 'An env raising in step or reset: "restart" recreates it, drops the samples '
+        'of its broken episode in the current slot, counts it (rollout/env_restarts) and goes '
+        'on; "abort" ends the run with the env\'s traceback.')
+    max_env_restarts: int = _f(
+        3, "Restarts of one env in a row, each failing before it completed a step (a crash "
+        "loop), before the run ends with the env's last traceback.")
     max_nonfinite_updates: int = _f(
         10, "A minibatch step with a non-finite loss or gradient is skipped (and counted); this "
         "many in a row end the run. Non-finite weights are never published nor saved.")
@@ -156,7 +163,8 @@ class Config:
             return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
         for name in ("num_workers", "num_policy_workers", "learner_threads", "rollout", "batch_size", "num_epochs",
-                     "minibatch_size", "stats_window", "max_nonfinite_updates"):
+                     "minibatch_size", "stats_window", "max_nonfinite_updates",
+                     "max_env_restarts"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1, name,
                   "must be an integer >= 1")
         check(is_int(self.num_envs_per_worker) and self.num_envs_per_worker >= 2
@@ -191,6 +199,7 @@ class Config:
             check(isinstance(getattr(self, name), bool), name, "must be True or False")
         check(self.activation in ("tanh", "relu"), "activation", 'must be "tanh" or "relu"')
         check(self.cnn in CNNS, "cnn", f"must be one of {CNNS}")
+        check(self.on_env_error in ("restart", "abort"), "on_env_error", 'must be "restart" or "abort"')
         check(self.tensorboard_log is None or isinstance(self.tensorboard_log, str),
               "tensorboard_log", "must be a directory path or None")
         if errs:  # the cross-field checks below assume well-typed fields

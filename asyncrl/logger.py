@@ -32,6 +32,7 @@ class TrainLogger:
         self.ep_returns = deque(maxlen=stats_window)
         self.ep_lengths = deque(maxlen=stats_window)
         self.num_episodes = 0
+        self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
         self.write = functools.partial(print, flush=True)  # a progress bar swaps in its own
         self.csv_path, self.csv_rows = None, []
@@ -56,7 +57,8 @@ class TrainLogger:
     def on_report(self, report: Report) -> None:
         self.last_seen[report.component] = time.monotonic()
         if report.kind is ReportKind.EPISODES:
-            returns, lengths, steps = report.payload
+            returns, lengths, steps, restarts = report.payload
+            self.env_restarts += restarts
             self.ep_returns.extend(returns)
             self.ep_lengths.extend(lengths)
             self.num_episodes += len(returns)
@@ -164,6 +166,7 @@ class TrainLogger:
                "rollout/ep_len_mean": (sum(self.ep_lengths) / len(self.ep_lengths)
                                        if self.ep_lengths else math.nan),
                "time/episodes": float(self.num_episodes),
+               "rollout/env_restarts": float(self.env_restarts),
                "time/collected_env_steps": float(self.collected_env_steps)}  # this train() call
         n = max(self.num_updates_since_log, 1)
         for k, v in self.train_sums.items():

@@ -14,7 +14,7 @@ class PolicyRequest(NamedTuple):
 
 
 class ReportKind(Enum):
-    EPISODES = "episodes"  # payload: (returns list, lengths list, env steps collected)
+    EPISODES = "episodes"  # payload: (returns list, lengths list, env steps collected, env restarts)
     TRAIN = "train"        # payload: dict of learner scalars for one update
     TIMING = "timing"      # payload: dict stage -> cumulative seconds
     ERROR = "error"        # payload: formatted traceback

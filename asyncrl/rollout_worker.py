@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 import queue
 import time
+import traceback
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -30,6 +31,7 @@ class EnvGroup:
         self.last_obs = np.zeros((len(envs), *obs_shape), obs_dtype)  # obs[T] of the last slot
         self.ep_return = [0.0] * len(envs)
         self.ep_length = [0] * len(envs)
+        self.failures = [0] * len(envs)  # restarts since the env last completed a step
 
 
 class RolloutWorker:
@@ -47,25 +49,26 @@ class RolloutWorker:
         self.envs: list = []  # every env built so far, closed even if init fails half-way
         self.episodes: list = []
         self.steps_since_report = 0
+        self.env_restarts = 0
         self.trained_seen = 0  # the learner's trained-env-steps counter, last seen
 
     # --- set-up ---------------------------------------------------------------------------
     def init(self) -> None:
         cfg, b = self.cfg, self.buffers
         try:  # pickled separately so that a factory that cannot be imported here is named
-            make_env: Callable = pickle.loads(self.env_factory)
+            self.make_env: Callable = pickle.loads(self.env_factory)
         except Exception as e:
             raise RuntimeError(f"{self.name} could not unpickle the env factory ({type(e).__name__}: "
                                f"{e}); define it in a module the worker processes can import") from e
         self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
         self.rewards_np, self.dones_np = b.rewards.numpy(), b.dones.numpy()
-        self.truncated_np = b.truncated.numpy()
+        self.truncated_np, self.versions_np = b.truncated.numpy(), b.policy_versions.numpy()
         obs_shape, obs_dtype = self.obs_np.shape[3:], self.obs_np.dtype
         E = cfg.envs_per_group
         for g in range(2):
             envs = []
             for _ in range(E):
-                envs.append(make_env())
+                envs.append(self.make_env())
                 self.envs.append(envs[-1])
             group = EnvGroup(envs, obs_shape, obs_dtype)
             for i, env in enumerate(envs):
@@ -121,19 +124,26 @@ class RolloutWorker:
             actions = self.actions_np[slot, t].tolist()
             obs_out, rewards_out = self.obs_np[slot, t + 1], self.rewards_np[slot, t]
             dones_out, truncated_out = self.dones_np[slot, t], self.truncated_np[slot, t]
-            ep_return, ep_length = group.ep_return, group.ep_length
+            ep_return, ep_length, failures = group.ep_return, group.ep_length, group.failures
             for i, env in enumerate(group.envs):
-                obs, reward, terminated, truncated, info = env.step(actions[i])
-                ep_return[i] += reward
-                ep_length[i] += 1
-                done = terminated or truncated
-                if done:
-                    # An env may end learning episodes inside one game (Atari's episodic life):
-                    # the logged return is the whole game's, until info["game_over"].
-                    if info.get("game_over", True):
-                        self.episodes.append((ep_return[i], ep_length[i]))
-                        ep_return[i], ep_length[i] = 0.0, 0
-                    obs, _ = env.reset()
+                try:
+                    obs, reward, terminated, truncated, info = env.step(actions[i])
+                    if failures[i]:  # it works again: not a crash loop
+                        failures[i] = 0
+                    ep_return[i] += reward
+                    ep_length[i] += 1
+                    done = terminated or truncated
+                    if done:
+                        # An env may end learning episodes inside one game (Atari's episodic
+                        # life): the logged return is the whole game's, until info["game_over"].
+                        if info.get("game_over", True):
+                            self.episodes.append((ep_return[i], ep_length[i]))
+                            ep_return[i], ep_length[i] = 0.0, 0
+                        obs, _ = env.reset()
+                except Exception:
+                    if self.cfg.on_env_error == "abort":
+                        raise
+                    obs, reward, done, terminated, truncated = self._restart_env(group, i, slot, t)
                 obs_out[i] = obs
                 rewards_out[i] = reward
                 dones_out[i] = done
@@ -149,6 +159,39 @@ class RolloutWorker:
         self.full_slot_queue.put(slot)
         group.slot_idx = None
         self._claim_slots(timeout=0.0)
+
+    def _restart_env(self, group: EnvGroup, i: int, slot: int, t: int) -> tuple:
+        """The env raised in step or reset: replace it with a new one and drop the samples it
+        wrote into this slot (policy version -1: the learner masks them), so the broken
+        episode is not mixed with the new one. Returns what the step writes: the new first obs,
+        reward 0, done (nothing bootstraps across), terminated, not truncated."""
+        error = traceback.format_exc()
+        while True:  # a new env may fail in reset too: each failure counts
+            group.failures[i] += 1
+            if group.failures[i] > self.cfg.max_env_restarts:
+                raise RuntimeError(f"{self.name}: an env failed {group.failures[i]} times in a row "
+                                   f"before completing a step (max_env_restarts="
+                                   f"{self.cfg.max_env_restarts}): a crash loop; its last "
+                                   f"error:\n{error}")
+            old = group.envs[i]
+            if old in self.envs:
+                self.envs.remove(old)
+                try:
+                    old.close()
+                except Exception:  # it is broken already
+                    pass
+            try:
+                new = self.make_env()
+                self.envs.append(new)
+                group.envs[i] = new
+                obs, _ = new.reset(seed=int(np.random.randint(2 ** 31)))
+                break
+            except Exception:
+                error = traceback.format_exc()
+        self.versions_np[slot, :t + 1, i] = -1
+        group.ep_return[i], group.ep_length[i] = 0.0, 0
+        self.env_restarts += 1
+        return obs, 0.0, True, True, False
 
     def _check_finite(self, rewards: np.ndarray, obs: np.ndarray, group_idx: int) -> None:
         """A NaN or Inf from an env would poison the learner: fail naming the env."""
@@ -194,7 +237,8 @@ class RolloutWorker:
         returns = [r for r, _ in self.episodes]
         lengths = [n for _, n in self.episodes]
         self.report_queue.put(Report(ReportKind.EPISODES, self.name,
-                                     (returns, lengths, self.steps_since_report)))
+                                     (returns, lengths, self.steps_since_report, self.env_restarts)))
+        self.env_restarts = 0
         self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
         self.episodes.clear()
         self.steps_since_report = 0

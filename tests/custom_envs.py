@@ -194,3 +194,33 @@ class NaNRewardCartPole(gym.Wrapper):
 
 def nan_reward_env():
     return NaNRewardCartPole()
+
+
+class CrashingCartPole(gym.Wrapper):
+    """CartPole that raises in step() with probability ``p_step`` and in reset() with
+    ``p_reset`` (RLlib's CartPoleCrashing, in spirit)."""
+
+    def __init__(self, p_step: float = 1 / 1000, p_reset: float = 1 / 50):
+        super().__init__(gym.make("CartPole-v1"))
+        self.p_step, self.p_reset = p_step, p_reset
+        self.rng = np.random.default_rng()
+
+    def reset(self, **kwargs):
+        if self.rng.random() < self.p_reset:
+            raise RuntimeError("CrashingCartPole: crashed in reset on purpose")
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        if self.rng.random() < self.p_step:
+            raise RuntimeError("CrashingCartPole: crashed in step on purpose")
+        return self.env.step(action)
+
+
+def crashing_cartpole():
+    return CrashingCartPole()
+
+
+def always_failing_env():
+    env = FailingEnv()
+    env.num_steps = FAIL_AFTER_STEPS  # raises at its first step: a crash loop
+    return env

@@ -120,7 +120,7 @@ def run_until_exception(model, steps, exc_type, shm_before):
 def failed_run():
     """A rollout worker's env raises in step() after a few steps."""
     shm_before = shm_entries()
-    with APPO(custom_envs.failing_env, **SMALL) as model:
+    with APPO(custom_envs.failing_env, on_env_error="abort", **SMALL) as model:
         yield run_until_exception(model, 10_000_000, WorkerError, shm_before)
 
 

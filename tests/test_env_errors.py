@@ -1,0 +1,34 @@
+"""Envs that raise: restarted (and their broken episode dropped) by default, a crash loop or
+on_env_error="abort" ends the run with the env's traceback."""
+import gymnasium as gym
+import pytest
+
+import custom_envs
+from asyncrl import APPO, WorkerError
+from asyncrl.appo import play_episode
+from test_multiprocess import SMALL, worker_children
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_crash_loop_ends_the_run_with_the_env_traceback():
+    with APPO(custom_envs.always_failing_env, max_env_restarts=2, **SMALL) as model:
+        with pytest.raises(WorkerError) as e:
+            model.train(10_000_000)
+    msg = str(e.value)
+    assert "failed 3 times in a row before completing a step" in msg and "max_env_restarts=2" in msg
+    assert custom_envs.FAIL_MESSAGE in msg
+    assert worker_children() == []
+
+
+def test_crashing_cartpole_still_learns():
+    """RLlib-style: each step raises with p=1/1000, each reset with p=1/50. The envs are
+    restarted, training goes on, and the greedy policy balances a clean CartPole."""
+    kwargs = {**SMALL, "num_envs_per_worker": 8, "rollout": 32, "batch_size": 1024,
+              "minibatch_size": 512}
+    with APPO(custom_envs.crashing_cartpole, **kwargs) as model:
+        model.train(250_000)
+        assert model.logger.env_restarts > 20
+        env = gym.make("CartPole-v1")
+        returns = [play_episode(model, env, deterministic=True, seed=s)[0] for s in range(10)]
+        assert sum(returns) / len(returns) >= 400, returns
