@@ -26,6 +26,13 @@ class TrajectoryBuffers:
     (``dones`` is terminated or truncated; ``truncated`` marks time-limit ends among them).
     """
 
+    @staticmethod
+    def nbytes(cfg: Config, obs_shape: tuple, obs_dtype: np.dtype) -> int:
+        """Shared memory the buffers take."""
+        S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
+        obs = S * (T + 1) * E * int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+        return obs + S * T * E * (8 + 4 + 4 + 4 + 1 + 1 + 8)  # the [S, T, E] fields
+
     def __init__(self, cfg: Config, obs_shape: tuple, obs_dtype: np.dtype):
         S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
         torch_dtype = torch.from_numpy(np.zeros(0, obs_dtype)).dtype

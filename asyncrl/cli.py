@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from typing import List, Optional
@@ -191,6 +192,14 @@ def _config_changes(saved: Optional[dict], cfg: Config) -> str:
     return ("; changed since the saved config: " + ", ".join(changed)) if changed else ""
 
 
+class Terminated(BaseException):
+    """SIGTERM during training: unwinds like Ctrl-C (workers stopped, a checkpoint saved)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def _train_with_checkpoints(model, run: RunDir, steps: int, args: dict, bar) -> None:
     """Train to ``steps`` in total, checkpointing every ``save_every`` seconds and at the end,
     also after an error or Ctrl-C (the weights kept are the last published ones)."""
@@ -204,17 +213,21 @@ def _train_with_checkpoints(model, run: RunDir, steps: int, args: dict, bar) -> 
             run.save_checkpoint(m, args["keep_checkpoints"])
             last_save[0] = time.perf_counter()
 
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)  # SIGTERM: as Ctrl-C
     try:
         model.train(steps - model.num_timesteps, callback=hook, callback_interval=0.5)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as e:
+        signal.signal(signal.SIGTERM, previous)
         path = run.save_checkpoint(model, args["keep_checkpoints"])
-        print(f"\ninterrupted at {model.num_timesteps:,} env steps; saved {path}; run the same "
-              "command to resume", file=sys.stderr)
-        raise SystemExit(130)
+        print(f"\n{'terminated' if isinstance(e, Terminated) else 'interrupted'} at "
+              f"{model.num_timesteps:,} env steps; saved {path}; run the same command to resume",
+              file=sys.stderr)
+        raise SystemExit(143 if isinstance(e, Terminated) else 130)
     except Exception:
         run.save_checkpoint(model, args["keep_checkpoints"])
         raise
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if bar is not None:
             bar(model)
             bar.close()

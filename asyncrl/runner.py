@@ -13,6 +13,7 @@ import ctypes
 import os
 import pickle
 import queue
+import shutil
 import signal
 import time
 import traceback
@@ -25,7 +26,7 @@ import torch.multiprocessing as mp
 from multiprocessing import util as mp_util
 
 from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
-from .config import Config
+from .config import Config, ConfigError
 from .env_utils import storage_dtype
 from .learner import Learner
 from .logger import TrainLogger
@@ -135,6 +136,20 @@ class Make:
         return self.cls(**self.kwargs)
 
 
+def check_shm_space(needed: int, path: str = "/dev/shm") -> None:
+    """Shared tensors live in /dev/shm (unlinked at once, but they take its space): fail early
+    and say by how much it is short, instead of a bus error in a worker later."""
+    if not os.path.isdir(path):
+        return
+    free = shutil.disk_usage(path).free
+    if needed > 0.9 * free:
+        raise ConfigError(
+            f"the trajectory buffers need {needed / 2**20:,.1f} MiB of shared memory but {path} has "
+            f"{free / 2**20:,.1f} MiB free (missing {(needed - 0.9 * free) / 2**20:,.1f} MiB, "
+            "keeping a 10% margin). Lower num_envs_per_worker, rollout or batch_size, or give "
+            f"{path} more room (docker run --shm-size=8g; mount -o remount,size=8G {path})")
+
+
 class Runner:
     """The process graph of one model: started by its first ``run()``, paused between runs (envs
     keep their episodes, workers their processes), shut down by ``close()``, an error, garbage
@@ -149,6 +164,7 @@ class Runner:
         self.obs_space, self.action_space = obs_space, action_space
         self.optimizer_path, self.logger = optimizer_path, logger
         self.version = self.trained_env_steps = None  # set by run()
+        check_shm_space(TrajectoryBuffers.nbytes(cfg, obs_space.shape, storage_dtype(obs_space)))
         self.buffers = TrajectoryBuffers(cfg, obs_space.shape, storage_dtype(obs_space))
         self.weights = SharedWeights(model)
         self.hparams = SharedHyperParams(cfg)

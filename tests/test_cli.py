@@ -124,9 +124,11 @@ def test_help_at_every_level(tmp_path):
     assert "--learning_rate" in asyncrl("train", "--help", cwd=tmp_path).stdout
 
 
-def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code):
     import signal
     import time
+    import psutil
     proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "train", "--env", "CartPole-v1",
                              "--experiment", "c", "--steps", "100000000", *TINY],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -137,10 +139,15 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
         return len(lines) > 1 and lines[-1].split(",")[0] not in ("", "0")
     while time.monotonic() < deadline and not trained():
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    workers = [w for w in psutil.Process(proc.pid).children(recursive=True)
+               if "resource_tracker" not in " ".join(w.cmdline())]
+    assert len(workers) >= 3  # rollout-0, policy-0, learner
+    proc.send_signal(getattr(signal, sig))
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out + err
+    assert proc.returncode == code, out + err
     assert "run the same command to resume" in err
+    _, alive = psutil.wait_procs(workers, timeout=5)  # they exit with the main process
+    assert not alive
     ckpts = os.listdir(tmp_path / "train_dir" / "c" / "checkpoints")
     assert len(ckpts) == 1
     steps = int(ckpts[0].split("_")[1].split(".")[0])

@@ -189,3 +189,16 @@ def test_ctrl_c_keeps_counters_consistent_with_weights(interrupted_run):
     assert model.num_timesteps == steps + 256
     assert model.policy_version == model.num_timesteps // model.config.batch_size
     assert changed(before, model)
+
+
+def test_short_dev_shm_fails_early_with_what_is_missing(monkeypatch):
+    import collections
+    import shutil
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 1024, 1024))
+    from asyncrl import ConfigError
+    with APPO("CartPole-v1", **SMALL) as model:
+        with pytest.raises(ConfigError, match=r"need 0\.\d MiB of shared memory but /dev/shm has 0\.0 MiB "
+                                              r"free \(missing 0\.\d MiB.*--shm-size"):
+            model.train(256)
+        assert worker_children() == []
