@@ -318,9 +318,7 @@ class APPO:
                 "policy_version": self.policy_version,
                 "optimizer": (torch.load(self._optimizer_path, map_location="cpu")
                               if os.path.exists(self._optimizer_path) else None)}
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(blob, tmp)
-        os.replace(tmp, path)
+        atomic_torch_save(blob, path)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike], env: Any = None, device: str = "auto",
@@ -357,6 +355,27 @@ class APPO:
         """``close()``, and the scratch directory (the optimizer state file) is removed."""
         self.close()
         self._finalizer()
+
+
+def atomic_torch_save(obj: Any, path: Union[str, os.PathLike]) -> None:
+    """Write to a temporary file, fsync it, rename it over ``path``, fsync the directory: a
+    crash at any point leaves either the previous file or the new one, never a torn one."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[int] = None,

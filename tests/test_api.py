@@ -180,3 +180,30 @@ def test_set_parameters_accepts_a_bare_state_dict_or_path(model, obs_batch, tmp_
     assert np.array_equal(model.predict(obs_batch, deterministic=True)[0],
                           other.predict(obs_batch, deterministic=True)[0])
     other.close()
+
+
+def test_save_killed_mid_write_leaves_the_previous_file_loadable(model, obs_batch, tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+    path = tmp_path / "model.pt"
+    model.save(path)
+    before = path.read_bytes()
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from asyncrl import APPO
+        model = APPO.load({str(path)!r})
+        real_save = torch.save
+        def torn_save(obj, f):  # half a file, then SIGKILL, as a crash mid-write
+            real_save(obj, f)
+            f.truncate(f.tell() // 2)
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.save = torn_save
+        model.save({str(path)!r})
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert out.returncode == -9, out.stderr.decode()
+    assert path.read_bytes() == before
+    with APPO.load(path) as loaded:
+        np.testing.assert_array_equal(greedy(loaded, obs_batch), greedy(model, obs_batch))
