@@ -27,7 +27,7 @@ setup(
         "sb3": ["stable-baselines3>=2.3"],  # get_env(), SB3 callbacks in learn()
         "ray": ["ray>=2.9"],                # asyncrl.pbt on a Ray cluster
         # asyncrl enjoy --save_video (pygame renders gymnasium's classic-control envs)
-        "video": ["imageio>=2.20", "imageio-ffmpeg>=0.4", "pygame>=2.1", "hypothesis>=6"],
+        "video": ["imageio>=2.20", "imageio-ffmpeg>=0.4", "pygame>=2.1"],
         "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5",
                   "stable-baselines3>=2.3", "ray>=2.9", "matplotlib>=3.5", "imageio>=2.20",
                   "imageio-ffmpeg>=0.4", "pygame>=2.1", "hypothesis>=6"],
