@@ -82,6 +82,7 @@ class APPO:
         self._num_graphs = 0     # graphs started so far (a new one after an error)
         self._min_version = 0    # samples of older versions come from replaced weights
         self._optimizer_epoch = 0
+        self._training = False   # inside train(): callbacks run, the learner owns the weights
         self._eval_vec_env = None
         self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
@@ -115,6 +116,7 @@ class APPO:
             raise ConfigError(f"train_for_env_steps={train_for_env_steps!r}: must be an integer >= 1")
         self._hparams(1.0)  # bad values raise here, before anything starts
         runner = self._graph()
+        self._training = True
         try:
             runner.run(self.policy, self.policy_version, self.num_timesteps,
                        self.num_timesteps + int(train_for_env_steps), hparams=self._hparams,
@@ -122,6 +124,7 @@ class APPO:
                        callback=None if callback is None else self._progress_hook(callback),
                        callback_interval=callback_interval)
         finally:  # also after an error or Ctrl-C: the counters that match the kept weights
+            self._training = False
             self.policy_version, self.num_timesteps = runner.version, runner.trained_env_steps
             if not runner.alive:
                 self._runner = None
@@ -250,6 +253,10 @@ class APPO:
         to a file of :meth:`save` or a ``torch.save``-d state dict. With ``exact_match`` every
         weight must be present; keys this model lacks and shape mismatches always raise, naming
         them. Samples collected before are from another policy and are not trained on."""
+        if self._training:
+            raise RuntimeError("set_parameters() inside a training callback would be overwritten "
+                               "by the learner's next weights: return False from the callback "
+                               "and set the parameters between train() calls")
         params = self._params_from(load_path_or_dict)
         unknown = sorted(map(str, set(params) - set(PARAM_KEYS)))
         if unknown:
@@ -315,7 +322,7 @@ class APPO:
             raise FloatingPointError(f"refusing to save non-finite weights ({bad}) to {path}")
         blob = {"state_dict": self.policy.state_dict(), "config": self.config.__dict__.copy(),
                 "env_factory": self.env_factory, "num_timesteps": self.num_timesteps,
-                "policy_version": self.policy_version,
+                "policy_version": self.policy_version, "num_graphs": self._num_graphs,
                 "optimizer": (torch.load(self._optimizer_path, map_location="cpu")
                               if os.path.exists(self._optimizer_path) else None)}
         atomic_torch_save(blob, path)
@@ -333,6 +340,8 @@ class APPO:
                     **{**blob["config"], "device": device, **overrides})
         model.policy.load_state_dict(blob["state_dict"])
         model.num_timesteps, model.policy_version = blob["num_timesteps"], blob["policy_version"]
+        # graphs started before the save used their seeds: a resumed run draws new env resets
+        model._num_graphs = blob.get("num_graphs", 0) + 1
         if blob["optimizer"] is not None:
             torch.save(blob["optimizer"], model._optimizer_path)
         return model

@@ -56,11 +56,11 @@ class Ctl(IntEnum):
     TARGET_ENV_STEPS = 1   # the learner stops once it has trained on this many samples
     TRAINED_ENV_STEPS = 2  # samples the learner has trained on (learner; main resets it)
     LEARNER_DONE = 3       # 1: the learner reached the target and published its final weights
-    RUN = 4                # train() calls served by this graph; a new value resumes the components
-    PAUSED = 5             # 1: between train() calls; components idle, envs keep their state
-    LEARNER_PAUSED = 6     # the RUN the learner has paused after (learner): its state is saved
-    MIN_VERSION = 7        # samples of older policy versions are masked (weights set by the user)
-    OPTIMIZER_EPOCH = 8    # moves when the user replaced the optimizer state file
+    RUN_STATE = 4          # 2 x run + paused, one word so it is read whole: run counts the train()
+                           # calls served (a new one resumes the components); paused: between calls
+    LEARNER_PAUSED = 5     # the run the learner has paused after (learner): its state is saved
+    MIN_VERSION = 6        # samples of older policy versions are masked (weights set by the user)
+    OPTIMIZER_EPOCH = 7    # moves when the user replaced the optimizer state file
 
 
 class SharedControl:
@@ -68,7 +68,7 @@ class SharedControl:
 
     def __init__(self):
         self.values = torch.zeros(len(Ctl), dtype=torch.int64).share_memory_()
-        self.values[Ctl.PAUSED] = 1
+        self.set_run_state(0, paused=True)
 
     def __getitem__(self, key: Ctl) -> int:
         return int(self.values[key])
@@ -80,10 +80,13 @@ class SharedControl:
     def stopping(self) -> bool:
         return bool(self.values[Ctl.STOP])
 
-    @property
-    def interrupted(self) -> bool:
-        """Stopping or pausing: a long computation should give up and keep its inputs."""
-        return bool(self.values[Ctl.STOP] or self.values[Ctl.PAUSED])
+    def run_state(self) -> Tuple[int, bool]:
+        """(run, paused), from one read."""
+        state = int(self.values[Ctl.RUN_STATE])
+        return state >> 1, bool(state & 1)
+
+    def set_run_state(self, run: int, paused: bool) -> None:
+        self.values[Ctl.RUN_STATE] = 2 * run + int(paused)
 
 
 class SharedHyperParams:

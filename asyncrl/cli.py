@@ -160,16 +160,21 @@ def cmd_train(args: dict) -> None:
         raise ConfigError(f"experiment {run.path} trains {saved['env']}, not {env_text}; "
                           "choose another --experiment")
     env = resolve_env(env_text)
-    env_kwargs = args.pop("env_kwargs") or saved.get("env_kwargs") or None
+    env_kwargs = args.pop("env_kwargs")
+    if saved and env_kwargs is not None and env_kwargs != (saved.get("env_kwargs") or {}):
+        raise ConfigError(f"--env_kwargs cannot change on resume (saved: {saved.get('env_kwargs')}); "
+                          "choose another --experiment")
+    env_kwargs = env_kwargs or saved.get("env_kwargs") or None
     steps = args.pop("steps") or saved.get("steps") or 1_000_000
     explicit = {**(read_hyperparams(args.pop("config"), env_text) if args.get("config") else {}),
                 **config_flags(args)}
     explicit.setdefault("tensorboard_log", os.path.join(run.path, "tb"))
     checkpoint = run.latest_checkpoint()
-    if checkpoint is None:
-        model = APPO(env, env_kwargs=env_kwargs, **explicit)
-    else:
-        model = APPO.load(checkpoint, **explicit)
+    saved_cfg = saved.get("config") or {}
+    if checkpoint is None:  # new, or stopped before its first checkpoint: saved config, then flags
+        model = APPO(env, env_kwargs=env_kwargs, **{**saved_cfg, **explicit})
+    else:  # the saved device unless one is given (load()'s own default is "auto", as SB3's)
+        model = APPO.load(checkpoint, **{"device": saved_cfg.get("device", "auto"), **explicit})
         print(f"resuming {run.path} from {os.path.basename(checkpoint)} "
               f"({model.num_timesteps:,} env steps)" + _config_changes(saved.get("config"), model.config))
     run.write_config(env_text, env_kwargs, steps, model.config)

@@ -105,13 +105,15 @@ class Learner:
         self.last_progress = time.perf_counter() + cfg.worker_timeout
 
     def close(self) -> None:
-        pass
+        if self.ctl is not None and self.ctl.stopping:  # stopped (Ctrl-C, close()): keep Adam's
+            self.save_optimizer()                       # state with the last published weights
 
-    def pause(self) -> None:
-        """Between train() calls: save Adam's state (for get_parameters/save) and tell the main
-        process that the weights and counters it reads now are final."""
+    def pause(self, run: int) -> None:
+        """Between train() calls (the update in progress was finished and published): save
+        Adam's state (for get_parameters/save) and tell the main process that the weights and
+        counters it reads now are final."""
         self.save_optimizer()
-        self.ctl[Ctl.LEARNER_PAUSED] = self.ctl[Ctl.RUN]
+        self.ctl[Ctl.LEARNER_PAUSED] = run
 
     def resume(self) -> None:
         """A new train() call: take the weights the main process published (the user may have
@@ -144,8 +146,9 @@ class Learner:
         need = self.cfg.slots_per_batch - len(self.pending)
         t0 = time.perf_counter()
         try:
-            self.pending += self.full_slot_queue.get_many(
-                block=timeout > 0, timeout=timeout, max_messages_to_get=need)
+            if need > 0:
+                self.pending += self.full_slot_queue.get_many(
+                    block=timeout > 0, timeout=timeout, max_messages_to_get=need)
         except queue.Empty:
             pass
         self.timer.add("wait_batch", time.perf_counter() - t0)
@@ -158,8 +161,7 @@ class Learner:
             batch = self.gather(slots)
         with self.timer("train"):
             stats = self.train_on(batch)
-        if stats is None:  # paused or stopped mid-update: publish nothing half-trained; the
-            self.pending = slots  # next call trains on these slots again (resume reloads weights)
+        if stats is None:  # stopped mid-update: publish nothing half-trained
             return False
         if not stats:  # every sample came from a policy the user replaced: drop them
             self.free_slot_queue.put_many(slots)
@@ -215,8 +217,8 @@ class Learner:
         return vt, values[:T]
 
     def train_on(self, batch: Batch) -> Optional[dict]:
-        """One update over ``batch``; None if the run was paused or stopped in the middle of it,
-        {} if no sample may be trained on."""
+        """One update over ``batch``; None if the run was stopped in the middle of it (a pause
+        waits for the update to end), {} if no sample may be trained on."""
         cfg = self.cfg
         T, B = batch.actions.shape
         obs_steps = batch.obs[:T].flatten(0, 1)     # [T*B, ...]
@@ -234,7 +236,7 @@ class Learner:
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         for _ in range(cfg.num_epochs):
             for mb in torch.randperm(T * B, device=self.device).split(cfg.minibatch_size):
-                if self.ctl.interrupted:
+                if self.ctl.stopping:
                     return None
                 out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],
                                            advantages[mb], old_values[mb], returns[mb], mask[mb],

@@ -23,6 +23,7 @@ import math
 import os
 import random
 import time
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 from .appo import APPO
@@ -104,7 +105,7 @@ class RayBackend:
             # Ray runs its workers at nice 15 by default; members are the job, not background work
             os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        total = ray.cluster_resources().get("CPU", 0.0)
+        total = ray.available_resources().get("CPU", 0.0)  # what can be placed now
         n = len(members_args)
         if num_cpus is None:  # every member placed at once, on whatever CPUs the cluster has
             num_cpus = min(1.0, total / n)
@@ -112,7 +113,7 @@ class RayBackend:
             self.close()
             raise ValueError(
                 f"{n} members x ray_num_cpus={num_cpus} = {n * num_cpus} CPUs, but the Ray cluster "
-                f"has {total:g}: the members would wait forever to be placed. Lower ray_num_cpus "
+                f"has {total:g} available: the members would wait to be placed. Lower ray_num_cpus "
                 f"(fractions are fine, e.g. {total / n:g}) or add nodes")
         actor = ray.remote(num_cpus=num_cpus)(Member)
         self.members = [actor.remote(*args) for args in members_args]
@@ -220,8 +221,13 @@ class PBT:
                 self._checkpoint(gen, copies, time.perf_counter() - t0)
                 if target is not None and max(scores) >= target:
                     break
-        finally:
-            self.backend.close()
+        except BaseException:
+            try:  # the original error matters more than one from shutting down
+                self.backend.close()
+            except Exception as e:
+                warnings.warn(f"closing the PBT backend failed too: {e!r}")
+            raise
+        self.backend.close()
         self.write_summary()
         return self.history
 

@@ -56,7 +56,7 @@ class PolicyWorker:
     def close(self) -> None:
         pass
 
-    def pause(self) -> None:
+    def pause(self, run: int) -> None:
         pass
 
     def resume(self) -> None:  # new weights, if the user set them, load with the next request

@@ -91,7 +91,7 @@ class RolloutWorker:
                 except Exception:  # a broken env must not keep the others open
                     pass
 
-    def pause(self) -> None:
+    def pause(self, run: int) -> None:
         """Between train() calls: envs keep their episodes, the slots their partial data."""
         self.report()
 
@@ -222,7 +222,9 @@ class RolloutWorker:
 
     def _check_stuck(self) -> None:
         trained = self.ctl[Ctl.TRAINED_ENV_STEPS]
-        if trained != self.trained_seen:  # a slow learner (a busy CPU) is not a stuck one
+        # A slow learner (a busy CPU) is not a stuck one, nor one that reached its target while
+        # the main process is busy (a long callback) before pausing everyone.
+        if trained != self.trained_seen or self.ctl[Ctl.LEARNER_DONE]:
             self.trained_seen, self.last_progress = trained, time.perf_counter()
             return
         waited = time.perf_counter() - self.last_progress

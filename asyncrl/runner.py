@@ -15,6 +15,7 @@ import pickle
 import queue
 import shutil
 import signal
+import threading
 import time
 import traceback
 import warnings
@@ -62,12 +63,16 @@ class Queues:
             q.close()
 
 
-def _prepare_child(name: str, parent_pid: int) -> None:
-    """In a spawned component: die with the parent, leave Ctrl-C to the parent, one torch thread."""
+def _prepare_child(name: str, parent_pid: int, parent_death_signal: bool) -> None:
+    """In a spawned component: die with the parent, leave Ctrl-C to the parent, one torch thread.
+    The parent-death signal follows the thread that started the process, so it is only set when
+    that was the main thread (the graph outlives a train() called from another thread); the
+    parent-pid check in the loop covers the other case."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if parent_death_signal:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         libc.prctl(_PR_SET_NAME, name.encode()[:15])
     except OSError:  # not Linux: the parent-pid check in the loop still applies
         pass
@@ -76,23 +81,25 @@ def _prepare_child(name: str, parent_pid: int) -> None:
     torch.set_num_threads(1)
 
 
-def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, parent_pid: int):
+def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, parent_pid: int,
+                   parent_death_signal: bool = True):
     """Entry point of every component process: init, then step while a train() call runs, idle
     while paused, until stopped; any failure is reported with its traceback."""
-    _prepare_child(name, parent_pid)
+    _prepare_child(name, parent_pid, parent_death_signal)
     component = None
     try:
         component = make()
         component.init()
         run_idx = paused_run = 0
         while not ctl.stopping and os.getppid() == parent_pid:
-            if ctl[Ctl.PAUSED]:
-                if paused_run != ctl[Ctl.RUN]:
-                    paused_run = ctl[Ctl.RUN]
-                    component.pause()
+            run, paused = ctl.run_state()
+            if paused:
+                if paused_run != run:
+                    paused_run = run
+                    component.pause(run)
                 time.sleep(PAUSE_POLL)
-            elif run_idx != ctl[Ctl.RUN]:
-                run_idx = ctl[Ctl.RUN]
+            elif run_idx != run:
+                run_idx = run
                 component.resume()
             else:
                 component.step(LOOP_TIMEOUT)
@@ -225,8 +232,8 @@ class Runner:
         ctl[Ctl.TRAINED_ENV_STEPS], ctl[Ctl.TARGET_ENV_STEPS] = start_env_steps, target_env_steps
         ctl[Ctl.LEARNER_DONE], ctl[Ctl.MIN_VERSION] = 0, min_version
         ctl[Ctl.OPTIMIZER_EPOCH] = optimizer_epoch
-        ctl[Ctl.RUN] += 1
-        ctl[Ctl.PAUSED] = 0
+        self.run_idx = ctl.run_state()[0] + 1
+        ctl.set_run_state(self.run_idx, paused=False)
         ok = False
         try:
             if cfg.serial_mode:
@@ -235,16 +242,20 @@ class Runner:
                 self._run_processes()
             ok = True
         finally:
-            ctl[Ctl.PAUSED] = 1
+            ctl.set_run_state(self.run_idx, paused=True)
+            self.model = self.callback = self.hparams_fn = None  # no cycle with the caller
             # Keep whatever the learner last published, even after an error or Ctrl-C, with the
             # counters that match it.
             try:
                 self.version, self.trained_env_steps = self.weights.load(model, lock_timeout=5.0)
             except TimeoutError as e:  # never mask the error that ended the run
                 warnings.warn(f"could not read the last published weights: {e}")
-            self._drain_reports(raise_errors=False)
+            late_errors = self._drain_reports(raise_errors=False)
             self.logger.maybe_log(self.trained_env_steps, force=True)
-            if not ok:  # an error or Ctrl-C: nothing is left running
+            if late_errors and ok:  # a component failed while pausing: the next call starts anew
+                warnings.warn(f"{late_errors[0].component} failed after the target was reached; "
+                              f"its processes are restarted at the next call:\n{late_errors[0].payload}")
+            if not ok or late_errors:  # an error or Ctrl-C: nothing is left running
                 self.close()
         return self.version, self.trained_env_steps
 
@@ -275,9 +286,9 @@ class Runner:
                 self._progress()
                 if self._callback_says_stop():
                     break
-            self.ctl[Ctl.PAUSED] = 1
+            self.ctl.set_run_state(self.run_idx, paused=True)
             for c in self.components:
-                c.pause()
+                c.pause(self.run_idx)
         finally:
             torch.set_num_threads(threads)
 
@@ -290,7 +301,8 @@ class Runner:
                 # joins them (shutdown_graph), and they die with this process (parent-death signal).
                 p = mp.get_context("spawn").Process(
                     target=component_main, name=name, daemon=False,
-                    args=(name, make, self.ctl, self.queues.report, os.getpid()))
+                    args=(name, make, self.ctl, self.queues.report, os.getpid(),
+                          threading.current_thread() is threading.main_thread()))
                 p.start()
                 self.procs.append(p)
         while not self.ctl[Ctl.LEARNER_DONE]:
@@ -304,9 +316,9 @@ class Runner:
     def _pause(self) -> None:
         """Pause every component and wait until the learner has left its update and saved its
         state, so the weights and counters read next are final."""
-        self.ctl[Ctl.PAUSED] = 1
+        self.ctl.set_run_state(self.run_idx, paused=True)
         deadline = time.monotonic() + self.cfg.worker_timeout
-        while self.ctl[Ctl.LEARNER_PAUSED] != self.ctl[Ctl.RUN]:
+        while self.ctl[Ctl.LEARNER_PAUSED] != self.run_idx:
             self._drain_reports(raise_errors=True, timeout=0.01)
             self._check_alive()
             if time.monotonic() > deadline:
@@ -333,11 +345,17 @@ class Runner:
                                   f"{p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
                                   + hint)
 
-    def _drain_reports(self, raise_errors: bool, timeout: float = 0.0) -> None:
-        try:
-            reports = self.queues.report.get_many(block=timeout > 0, timeout=timeout)
-        except queue.Empty:
-            return
+    def _drain_reports(self, raise_errors: bool, timeout: float = 0.0) -> list:
+        """Hand every queued report to the logger (get_many returns part of a backlog: read
+        until empty, so an error report behind many others is not missed). Returns the error
+        reports; with ``raise_errors`` the first one is raised as a WorkerError."""
+        reports = []
+        while True:
+            try:
+                reports += self.queues.report.get_many(block=timeout > 0 and not reports,
+                                                       timeout=timeout)
+            except queue.Empty:
+                break
         errors = []
         for r in reports:
             if r.kind is ReportKind.ERROR:
@@ -348,3 +366,4 @@ class Runner:
             first = errors[0]
             raise WorkerError(f"{first.component} failed:\n{first.payload}\n"
                               f"time since each component's last report: {self.logger.silence()}")
+        return errors

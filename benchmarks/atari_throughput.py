@@ -28,7 +28,7 @@ import torch
 from _common import raw_env_rate, steady_fps
 
 from asyncrl import Config
-from asyncrl.buffers import Ctl, SharedControl
+from asyncrl.buffers import SharedControl
 from asyncrl.config import with_defaults
 from asyncrl.envs import make_env
 from asyncrl.learner import Batch, Learner
@@ -61,7 +61,6 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
     T, B = cfg.rollout, cfg.batch_size // cfg.rollout
     no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None})
     ctl = SharedControl()
-    ctl[Ctl.PAUSED] = 0  # as during a train() call
     learner = Learner(cfg, env.observation_space, env.action_space, "cpu", buffers=None, weights=None,
                       hparams=None, ctl=ctl, queues=no_queues, optimizer_path="/nonexistent",
                       serial=True)

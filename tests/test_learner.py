@@ -60,7 +60,6 @@ def test_samples_from_replaced_weights_are_not_trained_on():
     from asyncrl.buffers import Ctl, SharedControl
     learner = make_learner(minibatch_size=5, batch_size=15, rollout=5, num_envs_per_worker=6)
     learner.ctl = SharedControl()
-    learner.ctl[Ctl.PAUSED] = 0
     learner.version = 7
     learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in learner.model.parameters()]

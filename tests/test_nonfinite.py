@@ -5,7 +5,7 @@ import torch
 
 import custom_envs
 from asyncrl import APPO, WorkerError
-from asyncrl.buffers import Ctl, SharedControl, SharedWeights
+from asyncrl.buffers import SharedControl, SharedWeights
 from test_learner import make_learner, on_policy_batch
 
 
@@ -13,7 +13,6 @@ def unpaused_learner(**overrides):
     learner = make_learner(minibatch_size=5, batch_size=15, rollout=5, num_envs_per_worker=6,
                            **overrides)
     learner.ctl = SharedControl()
-    learner.ctl[Ctl.PAUSED] = 0
     learner.version = 0
     learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=1e-3)
     return learner

@@ -73,7 +73,7 @@ def test_ray_backend_on_a_local_ray(tmp_path):
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        with pytest.raises(ValueError, match=r"3.0 CPUs, but the Ray cluster has 2.*wait forever"):
+        with pytest.raises(ValueError, match=r"3.0 CPUs, but the Ray cluster has 2 available.*wait to be placed"):
             PBT("CartPole-v1", num_members=2, backend="ray", ray_num_cpus=1.5, **MEMBER)
         pbt = PBT("CartPole-v1", num_members=2, search=SEARCH, steps_per_generation=256,
                   eval_episodes=2, out_dir=str(tmp_path), backend="ray", **MEMBER)

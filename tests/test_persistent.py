@@ -145,3 +145,60 @@ def test_script_without_main_guard_gets_a_hint(tmp_path):
                          timeout=120, cwd=tmp_path)
     assert out.returncode != 0
     assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]
+
+
+def test_callback_stop_then_train_again():
+    """A callback stop in the middle of training leaves a graph that trains on (the learner
+    finishes its update before pausing)."""
+    with APPO("CartPole-v1", **SMALL) as model:
+        model.train(10 ** 7, callback=lambda m: False if m.num_timesteps else None,
+                    callback_interval=0.05)
+        steps = model.num_timesteps
+        assert 0 < steps < 10 ** 7 and steps % 256 == 0
+        model.train(512)
+        assert model.num_timesteps == steps + 512 and model.policy_version == model.num_timesteps // 256
+
+
+def test_first_call_from_a_thread_that_then_exits():
+    import threading
+    with APPO("CartPole-v1", **SMALL) as model:
+        t = threading.Thread(target=model.train, args=(512,))
+        t.start()
+        t.join()
+        time.sleep(0.5)
+        assert len(worker_children()) == NUM_COMPONENTS  # the thread's end killed nobody
+        model.train(512)
+        assert model.num_timesteps == 1024
+
+
+def test_long_callback_at_the_end_is_not_a_stall():
+    with APPO("CartPole-v1", worker_timeout=2.0, **SMALL) as model:
+        model.train(1024, callback=lambda m: time.sleep(3.0), callback_interval=0.01)
+        model.train(256)
+        assert model.num_timesteps == 1280
+
+
+def test_set_parameters_inside_a_callback_is_refused():
+    with APPO("CartPole-v1", **SMALL) as model:
+        seen = []
+
+        def callback(m):
+            try:
+                m.set_parameters(m.get_parameters())
+            except RuntimeError as e:
+                seen.append(str(e))
+            return False
+        model.train(10 ** 6, callback=callback, callback_interval=0.05)
+        assert seen and "between train() calls" in seen[0]
+
+
+def test_deleting_the_model_stops_the_workers_without_gc():
+    model = APPO("CartPole-v1", **SMALL)
+    model.train(256)
+    assert len(worker_children()) == NUM_COMPONENTS
+    gc.disable()
+    try:
+        del model
+        assert worker_children() == []
+    finally:
+        gc.enable()
