@@ -143,7 +143,13 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code):
                if "resource_tracker" not in " ".join(w.cmdline())]
     assert len(workers) >= 3  # rollout-0, policy-0, learner
     proc.send_signal(getattr(signal, sig))
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:  # a hung run must not outlive the test
+        if proc.poll() is None:
+            for w in workers:
+                w.kill()
+            proc.kill()
     assert proc.returncode == code, out + err
     assert "run the same command to resume" in err
     _, alive = psutil.wait_procs(workers, timeout=5)  # they exit with the main process
