@@ -207,7 +207,8 @@ class Config:
         if self.batch_size % self.slot_size:
             errs.append(
                 f"batch_size={self.batch_size} must be a multiple of rollout x envs per group = "
-                f"{self.rollout} x {self.envs_per_group} = {self.slot_size}; try "
+                f"{self.rollout} x {self.envs_per_group} = {self.slot_size} (rollout={self.rollout}, "
+                f"num_envs_per_worker={self.num_envs_per_worker}); try "
                 f"batch_size={max(1, round(self.batch_size / self.slot_size)) * self.slot_size}")
         if self.batch_size % self.minibatch_size:
             errs.append(f"minibatch_size={self.minibatch_size} must divide "

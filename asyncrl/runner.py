@@ -37,7 +37,6 @@ from .rollout_worker import RolloutWorker
 
 JOIN_TIMEOUT = 5.0     # seconds a component gets to leave its loop before it is terminated
 LOOP_TIMEOUT = 0.1     # seconds of any single wait inside a component loop
-DRAIN_ROUNDS = 16      # get_many calls per report drain at most
 PAUSE_POLL = 0.005     # seconds between looks at the control vector while paused
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 
@@ -347,17 +346,13 @@ class Runner:
                                   + hint)
 
     def _drain_reports(self, raise_errors: bool, timeout: float = 0.0) -> list:
-        """Hand queued reports to the logger. get_many returns part of a backlog, so it reads
-        again, a bounded number of times (the learner reports every update: "until empty" may
-        never come), and an error report behind many others is not missed. Returns the error
-        reports; with ``raise_errors`` the first one is raised as a WorkerError."""
-        reports = []
-        for _ in range(DRAIN_ROUNDS):
-            try:
-                reports += self.queues.report.get_many(block=timeout > 0 and not reports,
-                                                       timeout=timeout)
-            except queue.Empty:
-                break
+        """Hand queued reports to the logger (one get_many: reading until empty starved the main
+        loop and lost Ctrl-C in CI). Returns the error reports; with ``raise_errors`` the first
+        one is raised as a WorkerError."""
+        try:
+            reports = self.queues.report.get_many(block=timeout > 0, timeout=timeout)
+        except queue.Empty:
+            return []
         errors = []
         for r in reports:
             if r.kind is ReportKind.ERROR:
