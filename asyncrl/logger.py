@@ -35,7 +35,7 @@ class TrainLogger:
         self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
         self.write = functools.partial(print, flush=True)  # a progress bar swaps in its own
-        self.csv_path, self.csv_rows = None, []
+        self.csv_path, self.csv_rows, self.csv_columns = None, [], []
         self.start_time = time.time()
         self.writer = None
         if tensorboard_dir is not None:
@@ -77,24 +77,24 @@ class TrainLogger:
         self.csv_path = path
         if os.path.exists(path):
             with open(path, newline="") as f:
-                self.csv_rows = list(csv.DictReader(f))
+                reader = csv.DictReader(f)
+                self.csv_rows, self.csv_columns = list(reader), list(reader.fieldnames or [])
 
     def _write_csv(self, row: dict) -> None:
         """One row more; the file is rewritten when new columns appear (as SB3's CSV logger)."""
-        new_columns = not self.csv_rows or set(row) - set(self.csv_rows[0])
         self.csv_rows.append(row)
+        new_columns = [k for k in row if k not in self.csv_columns]
         if new_columns:
-            columns = list(dict.fromkeys(k for r in self.csv_rows for k in r))
+            self.csv_columns += new_columns
             tmp = self.csv_path + ".tmp"
             with open(tmp, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=columns, restval="")
+                w = csv.DictWriter(f, fieldnames=self.csv_columns, restval="")
                 w.writeheader()
                 w.writerows(self.csv_rows)
             os.replace(tmp, self.csv_path)
-            self.csv_rows[0] = {c: self.csv_rows[0].get(c, "") for c in columns}
             return
         with open(self.csv_path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=list(self.csv_rows[0]), restval="").writerow(row)
+            csv.DictWriter(f, fieldnames=self.csv_columns, restval="").writerow(row)
 
     def record(self, key: str, value, exclude=None) -> None:
         """SB3's ``logger.record``: a scalar written with the next summary (non-numbers are

@@ -195,15 +195,16 @@ class RolloutWorker:
 
     def _check_finite(self, rewards: np.ndarray, obs: np.ndarray, group_idx: int) -> None:
         """A NaN or Inf from an env would poison the learner: fail naming the env."""
+        if np.isfinite(rewards).all() and (obs.dtype.kind != "f" or np.isfinite(obs).all()):
+            return  # the per-step cost: two reductions, no allocation of per-env flags
         bad_reward = ~np.isfinite(rewards)
         bad_obs = (~np.isfinite(obs.reshape(len(obs), -1)).all(axis=1) if obs.dtype.kind == "f"
                    else np.zeros(len(obs), bool))
-        if bad_reward.any() or bad_obs.any():
-            i = int(np.flatnonzero(bad_reward | bad_obs)[0])
-            what = f"reward {rewards[i]}" if bad_reward[i] else "observation with NaN/Inf"
-            env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * len(rewards) + i
-            raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}: "
-                             f"{self.groups[group_idx].envs[i]}) returned a non-finite {what}")
+        i = int(np.flatnonzero(bad_reward | bad_obs)[0])
+        what = f"reward {rewards[i]}" if bad_reward[i] else "observation with NaN/Inf"
+        env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * len(rewards) + i
+        raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}: "
+                         f"{self.groups[group_idx].envs[i]}) returned a non-finite {what}")
 
     def _claim_slots(self, timeout: float) -> None:
         """Give a free slot to every group without one, and ask for its first actions."""

@@ -80,7 +80,12 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
 
 def sample_factory_fps(seconds: int) -> float:
     """Frames per second of SF's Atari preset (60 s window, median of its last readings)."""
+    shm_before = set(os.listdir("/dev/shm"))
     out = subprocess.run(["bash", SF_RUN, str(seconds), "pong"], capture_output=True, text=True).stdout
+    # run.sh SIGKILLs SF's process group, so its multiprocessing semaphores are never unlinked
+    for name in set(os.listdir("/dev/shm")) - shm_before:
+        if name.startswith("sem.mp-"):
+            os.remove(os.path.join("/dev/shm", name))
     values = [float(v) for v in re.findall(r"60 sec: ([0-9.]+)", out)]
     return statistics.median(values[-3:]) if values else float("nan")
 
