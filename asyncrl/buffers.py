@@ -24,6 +24,10 @@ class TrajectoryBuffers:
     obs [S, T+1, E, *obs_shape] (obs[:, T] is the state after the last step), and
     actions, log_probs, values, rewards, dones, truncated, policy_versions, each [S, T, E]
     (``dones`` is terminated or truncated; ``truncated`` marks time-limit ends among them).
+
+    Bookkeeping for restarting a killed rollout worker: ``slot_owner`` [S] (the rollout worker
+    filling each slot, -1 when none is) and ``incarnation`` [num_workers] (moved by the main
+    process when it replaces a worker: requests of the dead one are then dropped).
     """
 
     @staticmethod
@@ -31,7 +35,7 @@ class TrajectoryBuffers:
         """Shared memory the buffers take."""
         S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
         obs = S * (T + 1) * E * int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
-        return obs + S * T * E * (8 + 4 + 4 + 4 + 1 + 1 + 8)  # the [S, T, E] fields
+        return obs + S * T * E * (8 + 4 + 4 + 4 + 1 + 1 + 8) + 8 * (S + cfg.num_workers)
 
     def __init__(self, cfg: Config, obs_shape: tuple, obs_dtype: np.dtype):
         S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
@@ -48,6 +52,8 @@ class TrajectoryBuffers:
         self.dones = shared((S, T, E), torch.bool, False)
         self.truncated = shared((S, T, E), torch.bool, False)
         self.policy_versions = shared((S, T, E), torch.int64, -1)
+        self.slot_owner = shared((S,), torch.int64, -1)
+        self.incarnation = shared((cfg.num_workers,), torch.int64, 0)
 
 
 class Ctl(IntEnum):

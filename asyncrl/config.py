@@ -98,6 +98,11 @@ class Config:
     max_env_restarts: int = _f(
         3, "Restarts of one env in a row, each failing before it completed a step (a crash "
         "loop), before the run ends with the env's last traceback.")
+    max_worker_restarts: int = _f(
+        10, "Rollout worker processes that die without an error of their own (killed by a "
+        "signal, the OOM killer, a segfault in an env) are restarted, their slots reclaimed; "
+        "after this many restarts in one run of the process graph the run fails. 0: fail at "
+        "the first death.")
     max_nonfinite_updates: int = _f(
         10, "A minibatch step with a non-finite loss or gradient is skipped (and counted); this "
         "many in a row end the run. Non-finite weights are never published nor saved.")
@@ -170,8 +175,9 @@ class Config:
         check(is_int(self.num_envs_per_worker) and self.num_envs_per_worker >= 2
               and self.num_envs_per_worker % 2 == 0, "num_envs_per_worker",
               "must be an even integer >= 2 (envs are split into two groups stepped in turn)")
-        check(is_int(self.max_policy_lag) and self.max_policy_lag >= 0, "max_policy_lag",
-              "must be an integer >= 0")
+        for name in ("max_policy_lag", "max_worker_restarts"):
+            check(is_int(getattr(self, name)) and getattr(self, name) >= 0, name,
+                  "must be an integer >= 0")
         check(self.algo in ALGOS, "algo", f"must be one of {ALGOS}")
         check(isinstance(self.device, str) and _valid_device(self.device), "device",
               f"must be {DEVICES_HINT}")

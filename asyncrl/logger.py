@@ -33,6 +33,7 @@ class TrainLogger:
         self.ep_lengths = deque(maxlen=stats_window)
         self.num_episodes = 0
         self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
+        self.worker_restarts = 0  # rollout worker processes replaced after dying
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
         self.write = functools.partial(print, flush=True)  # a progress bar swaps in its own
         self.csv_path, self.csv_rows, self.csv_columns = None, [], []
@@ -167,6 +168,7 @@ class TrainLogger:
                                        if self.ep_lengths else math.nan),
                "time/episodes": float(self.num_episodes),
                "rollout/env_restarts": float(self.env_restarts),
+               "rollout/worker_restarts": float(self.worker_restarts),
                "time/collected_env_steps": float(self.collected_env_steps)}  # this train() call
         n = max(self.num_updates_since_log, 1)
         for k, v in self.train_sums.items():

@@ -11,6 +11,7 @@ class PolicyRequest(NamedTuple):
     group_idx: int
     slot_idx: int
     t: int
+    incarnation: int  # of the worker: a replaced (killed) worker's requests are dropped
 
 
 class ReportKind(Enum):

@@ -43,6 +43,7 @@ class PolicyWorker:
         self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
         self.log_probs_np, self.values_np = b.log_probs.numpy(), b.values.numpy()
         self.versions_np = b.policy_versions.numpy()
+        self.incarnation_np = b.incarnation.numpy()
         S, T1, E = self.obs_np.shape[:3]
         self.obs_flat_np, self.steps_per_slot = self.obs_np.reshape(S * T1, E, *self.obs_np.shape[3:]), T1
         max_requests = 2 * len(self.action_ready_queues)  # each group has one request in flight at most
@@ -70,6 +71,12 @@ class PolicyWorker:
             self.timer.add("wait_requests", time.perf_counter() - t0)
             return False
         self.timer.add("wait_requests", time.perf_counter() - t0)
+        # Requests of a rollout worker that was killed and replaced: its slots were reclaimed.
+        incarnation = self.incarnation_np
+        if any(r.incarnation != incarnation[r.worker_idx] for r in requests):
+            requests = [r for r in requests if r.incarnation == incarnation[r.worker_idx]]
+            if not requests:
+                return True
         with self.timer("load_weights"):
             version = self.weights.load_if_newer(self.model, self.version)
             if version != self.version:

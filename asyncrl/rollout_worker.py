@@ -19,6 +19,7 @@ from .messages import PolicyRequest, Report, ReportKind
 from .timing import StageTimer
 
 REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
+SLOT_POLL = 0.002      # seconds between looks for a free slot while a group has none
 
 
 class EnvGroup:
@@ -63,6 +64,11 @@ class RolloutWorker:
         self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
         self.rewards_np, self.dones_np = b.rewards.numpy(), b.dones.numpy()
         self.truncated_np, self.versions_np = b.truncated.numpy(), b.policy_versions.numpy()
+        self.slot_owner_np = b.slot_owner.numpy()
+        # A replacement for a killed worker: new env seeds, and no stale "actions ready" message
+        # (the main process moved the incarnation first, so policy workers send no more).
+        self.incarnation = int(b.incarnation[self.worker_idx])
+        self.action_ready_queue.drain()
         obs_shape, obs_dtype = self.obs_np.shape[3:], self.obs_np.dtype
         E = cfg.envs_per_group
         for g in range(2):
@@ -72,13 +78,14 @@ class RolloutWorker:
                 self.envs.append(envs[-1])
             group = EnvGroup(envs, obs_shape, obs_dtype)
             for i, env in enumerate(envs):
-                seed = cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
+                seed = (cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
+                        + 7_919 * cfg.num_envs_per_worker * self.incarnation) % 2 ** 31
                 env.action_space.seed(seed)
                 group.last_obs[i], _ = env.reset(seed=seed)
             self.groups.append(group)
         self.last_report = time.perf_counter()
         self.last_progress = time.perf_counter()
-        self._claim_slots(timeout=self.cfg.worker_timeout)
+        self._claim_slots()
 
     def close(self) -> None:
         try:
@@ -101,8 +108,10 @@ class RolloutWorker:
     # --- the loop body --------------------------------------------------------------------
     def step(self, timeout: float) -> bool:
         """Step every group whose actions are ready; returns whether any work was done."""
-        if any(g.slot_idx is None for g in self.groups):
-            self._claim_slots(timeout=0.0 if self.serial else timeout)
+        if any(g.slot_idx is None for g in self.groups):  # polled: see ipc on waiting in queues
+            self._claim_slots()
+            if any(g.slot_idx is None for g in self.groups):
+                timeout = min(timeout, SLOT_POLL)
         t0 = time.perf_counter()
         try:
             ready = self.action_ready_queue.get_many(block=timeout > 0, timeout=timeout)
@@ -152,13 +161,16 @@ class RolloutWorker:
         self.steps_since_report += len(group.envs)
         group.t = t + 1
         if group.t < self.cfg.rollout:
-            self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, group.t))
+            self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, group.t,
+                                                 self.incarnation))
             return
-        # The slot is full: keep its last obs (the next slot's first), hand it to the learner.
+        # The slot is full: keep its last obs (the next slot's first), hand it to the learner
+        # (disowned first: were this worker killed in between, the slot is lost, not doubled).
         group.last_obs[:] = self.obs_np[slot, group.t]
+        self.slot_owner_np[slot] = -1
         self.full_slot_queue.put(slot)
         group.slot_idx = None
-        self._claim_slots(timeout=0.0)
+        self._claim_slots()
 
     def _restart_env(self, group: EnvGroup, i: int, slot: int, t: int) -> tuple:
         """The env raised in step or reset: replace it with a new one and drop the samples it
@@ -206,19 +218,22 @@ class RolloutWorker:
         raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}: "
                          f"{self.groups[group_idx].envs[i]}) returned a non-finite {what}")
 
-    def _claim_slots(self, timeout: float) -> None:
-        """Give a free slot to every group without one, and ask for its first actions."""
+    def _claim_slots(self) -> None:
+        """Give a free slot to every group without one, and ask for its first actions. Never
+        waits inside the queue (see ipc): the caller polls."""
         t0 = time.perf_counter()
         for group_idx, group in enumerate(self.groups):
             if group.slot_idx is not None:
                 continue
             try:
-                slot = self.free_slot_queue.get(block=timeout > 0, timeout=timeout)
+                slot = self.free_slot_queue.get(block=False)
             except queue.Empty:
                 continue
+            self.slot_owner_np[slot] = self.worker_idx  # reclaimed if this worker is killed
             self.obs_np[slot, 0] = group.last_obs
             group.slot_idx, group.t = slot, 0
-            self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, 0))
+            self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, 0,
+                                                 self.incarnation))
         self.timer.add("wait_slot", time.perf_counter() - t0)
 
     def _check_stuck(self) -> None:

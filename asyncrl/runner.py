@@ -1,7 +1,7 @@
 """The whole process graph, built in one place, run, watched and torn down.
 
     rollout-i --PolicyRequest--> policy_request[p] --> policy-p     (p = i % num_policy_workers)
-    policy-p  --group index----> action_ready[i]   --> rollout-i
+    policy-p  --group index----> action_ready[i]   --> rollout-i   (a pipe: see ipc)
     rollout-i --slot index-----> full_slot         --> learner
     learner   --slot indices---> free_slot         --> rollout-*
     everyone  --Report---------> report            --> main process (logs, errors)
@@ -24,7 +24,10 @@ from typing import Any, Callable, List, Optional
 import faster_fifo
 import torch
 import torch.multiprocessing as mp
+from multiprocessing import connection as mp_connection
 from multiprocessing import util as mp_util
+
+from . import ipc
 
 from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
 from .config import Config, ConfigError
@@ -38,6 +41,7 @@ from .rollout_worker import RolloutWorker
 JOIN_TIMEOUT = 5.0     # seconds a component gets to leave its loop before it is terminated
 LOOP_TIMEOUT = 0.1     # seconds of any single wait inside a component loop
 PAUSE_POLL = 0.005     # seconds between looks at the control vector while paused
+RECLAIM_GRACE = 0.2    # seconds between disowning a dead worker's requests and reclaiming its slots
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 
 
@@ -50,16 +54,17 @@ class Queues:
 
     def __init__(self, cfg: Config):
         self.policy_request = [faster_fifo.Queue(1_000_000) for _ in range(cfg.num_policy_workers)]
-        self.action_ready = [faster_fifo.Queue(100_000) for _ in range(cfg.num_workers)]
+        self.action_ready = [ipc.ActionPipe() for _ in range(cfg.num_workers)]
         self.free_slot = faster_fifo.Queue(1_000_000)
         self.full_slot = faster_fifo.Queue(1_000_000)
         self.report = faster_fifo.Queue(10_000_000)
 
     def all(self) -> list:
-        return [*self.policy_request, *self.action_ready, self.free_slot, self.full_slot, self.report]
+        """The faster-fifo queues."""
+        return [*self.policy_request, self.free_slot, self.full_slot, self.report]
 
     def close(self) -> None:
-        for q in self.all():
+        for q in [*self.all(), *self.action_ready]:
             q.close()
 
 
@@ -108,6 +113,31 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
     finally:
         if component is not None:
             component.close()
+
+
+def watch_queue_locks(procs: list, queues: list, ctl: SharedControl) -> None:
+    """A thread of the main process: when a component process dies, free the queue locks it held
+    (see ipc), before anyone, the main thread included, blocks on them for good. Holds
+    no reference to the Runner, so that garbage collection still shuts the graph down."""
+    handled = set()
+    while not ctl.stopping:
+        live = {}
+        for p in list(procs):
+            try:
+                if p.pid not in handled:
+                    live[p.sentinel] = p.pid
+            except ValueError:  # closed by shutdown_graph meanwhile
+                pass
+        if not live:
+            time.sleep(LOOP_TIMEOUT)
+            continue
+        try:
+            ready = mp_connection.wait(list(live), timeout=LOOP_TIMEOUT)
+        except (OSError, ValueError):
+            continue
+        for sentinel in ready:
+            handled.add(live[sentinel])
+            ipc.release_locks_of_dead(live[sentinel], queues)
 
 
 def shutdown_graph(ctl: SharedControl, procs: list, components: list, queues: "Queues") -> None:
@@ -179,6 +209,9 @@ class Runner:
         self.queues = Queues(cfg)
         self.queues.free_slot.put_many(list(range(cfg.num_slots)))
         self.procs: list = []       # multi-process mode
+        self.makes: dict = {}       # process name -> constructor, to restart a killed worker
+        self.worker_restarts = 0
+        self.reported: set = set()  # components that have reported at least once: up and running
         self.components: list = []  # serial mode
         self.started = False
         self._shutdown = mp_util.Finalize(self, shutdown_graph, exitpriority=10,
@@ -296,15 +329,12 @@ class Runner:
     def _run_processes(self) -> None:
         if not self.started:
             self.started = True
-            for name, make in self.components_to_make(serial=False):
-                # Not daemonic, so that an env may start processes of its own; every exit path
-                # joins them (shutdown_graph), and they die with this process (parent-death signal).
-                p = mp.get_context("spawn").Process(
-                    target=component_main, name=name, daemon=False,
-                    args=(name, make, self.ctl, self.queues.report, os.getpid(),
-                          threading.current_thread() is threading.main_thread()))
-                p.start()
-                self.procs.append(p)
+            self.makes = dict(self.components_to_make(serial=False))
+            for name in self.makes:
+                self.procs.append(self._spawn(name))
+            if ipc.supported():
+                threading.Thread(target=watch_queue_locks, name="asyncrl-lock-watch", daemon=True,
+                                 args=(self.procs, self.queues.all(), self.ctl)).start()
         while not self.ctl[Ctl.LEARNER_DONE]:
             self._drain_reports(raise_errors=True, timeout=LOOP_TIMEOUT)
             self._check_alive()
@@ -312,6 +342,16 @@ class Runner:
             if self._callback_says_stop():
                 break
         self._pause()
+
+    def _spawn(self, name: str):
+        # Not daemonic, so that an env may start processes of its own; every exit path joins
+        # them (shutdown_graph), and they die with this process (parent-death signal).
+        p = mp.get_context("spawn").Process(
+            target=component_main, name=name, daemon=False,
+            args=(name, self.makes[name], self.ctl, self.queues.report, os.getpid(),
+                  threading.current_thread() is threading.main_thread()))
+        p.start()
+        return p
 
     def _pause(self) -> None:
         """Pause every component and wait until the learner has left its update and saved its
@@ -333,17 +373,48 @@ class Runner:
         return self.callback(self.version, self.trained_env_steps) is False
 
     def _check_alive(self) -> None:
-        for p in self.procs:
-            if p.exitcode is not None:
-                self._drain_reports(raise_errors=True)  # a traceback beats an exit code
-                hint = ""
-                if p.exitcode == 1 and p.name not in self.logger.last_seen:
-                    hint = ("; it never reported: if training starts from a script, keep that code "
-                            "under `if __name__ == \"__main__\":` (workers are spawned and import "
-                            "the script)")
-                raise WorkerError(f"{p.name} (pid {p.pid}) exited unexpectedly with code "
-                                  f"{p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
-                                  + hint)
+        for idx, p in enumerate(self.procs):
+            if p.exitcode is None:
+                continue
+            for _ in range(4):  # a traceback beats an exit code (one read may get part of a backlog)
+                self._drain_reports(raise_errors=True)
+            how = f"exited unexpectedly with code {p.exitcode}" + (
+                f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
+            # Killed (a signal), or died after it was up: no error of its own, so restart it.
+            if p.name.startswith("rollout-") and (p.exitcode < 0 or p.name in self.reported):
+                if self.worker_restarts < self.cfg.max_worker_restarts:
+                    self._restart_rollout_worker(idx, how)
+                    continue
+                how += (f"; {self.worker_restarts} rollout worker deaths were survived already "
+                        f"(max_worker_restarts={self.cfg.max_worker_restarts})")
+            elif p.exitcode == 1 and p.name not in self.reported:
+                how += ("; it never reported: if training starts from a script, keep that code "
+                        "under `if __name__ == \"__main__\":` (workers are spawned and import the "
+                        "script)")
+            raise WorkerError(f"{p.name} (pid {p.pid}) {how}")
+
+    def _restart_rollout_worker(self, idx: int, how: str) -> None:
+        """A rollout worker died without an error of its own (SIGKILL, OOM killer, a segfault in
+        an env): policy workers drop its pending requests, its slots go back to the free queue,
+        a new process takes its place (new env seeds), and training goes on."""
+        dead = self.procs[idx]
+        worker_idx = int(dead.name.split("-")[1])
+        b = self.buffers
+        b.incarnation[worker_idx] += 1
+        time.sleep(RECLAIM_GRACE)  # a request a policy worker took before is written by now
+        slots = torch.nonzero(b.slot_owner == worker_idx).flatten()
+        b.slot_owner[slots] = -1
+        if len(slots):
+            self.queues.free_slot.put_many(slots.tolist())
+        self.procs[idx] = self._spawn(dead.name)
+        self.worker_restarts += 1
+        self.logger.worker_restarts += 1
+        if self.cfg.verbose >= 1:
+            self.logger.write(f"[asyncrl] {dead.name} (pid {dead.pid}) {how}: restarted as pid "
+                              f"{self.procs[idx].pid}, {len(slots)} trajectory slots reclaimed "
+                              f"({self.worker_restarts} of max_worker_restarts="
+                              f"{self.cfg.max_worker_restarts})")
+        dead.close()
 
     def _drain_reports(self, raise_errors: bool, timeout: float = 0.0) -> list:
         """Hand queued reports to the logger (one get_many: reading until empty starved the main
@@ -355,6 +426,7 @@ class Runner:
             return []
         errors = []
         for r in reports:
+            self.reported.add(r.component)
             if r.kind is ReportKind.ERROR:
                 errors.append(r)
             else:

@@ -224,3 +224,35 @@ def always_failing_env():
     env = FailingEnv()
     env.num_steps = FAIL_AFTER_STEPS  # raises at its first step: a crash loop
     return env
+
+
+class DieHoldingQueueLock(gym.Wrapper):
+    """CartPole whose rollout worker, at the env's 50th step, takes the lock of one of its queues
+    and SIGKILLs itself, as a kill inside faster-fifo's put/get would leave it. Once per
+    ``marker`` file: the replacement worker runs a plain CartPole."""
+
+    def __init__(self, queue_attr: str, marker: str):
+        super().__init__(gym.make("CartPole-v1"))
+        self.queue_attr, self.marker, self.num_steps = queue_attr, marker, 0
+
+    def step(self, action):
+        self.num_steps += 1
+        if self.num_steps == 50 and self._first_to_die():
+            import gc
+            from asyncrl import ipc
+            from asyncrl.rollout_worker import RolloutWorker
+            worker = next(o for o in gc.get_objects() if type(o) is RolloutWorker)
+            ipc.lock_and_die(getattr(worker, self.queue_attr))
+        return self.env.step(action)
+
+
+    def _first_to_die(self) -> bool:
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            return True
+        except FileExistsError:
+            return False
+
+
+def die_holding_queue_lock(queue_attr: str, marker: str):
+    return DieHoldingQueueLock(queue_attr, marker)
