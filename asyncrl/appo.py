@@ -18,6 +18,8 @@ from asyncrl.envs import is_atari_id
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
 from .env_utils import eval_env_factory, make_env_factory, probe_env, storage_dtype
+from .fileio import atomic_torch_save
+from .learner import rng_path
 from .logger import TrainLogger
 from .models import ActorCritic
 from .runner import Runner
@@ -312,20 +314,33 @@ class APPO:
 
     # --- persistence ----------------------------------------------------------------------
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write weights, optimizer state, counters and config to ``path`` (atomically).
+        """Write weights, optimizer state, counters, config and the learner's RNG state to
+        ``path`` (atomically). Called while training (from a callback), it asks the learner for
+        its state between two updates, so weights, Adam moments and counters are of one moment.
         Schedules are saved as their current values."""
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._hparams(1.0)
-        bad = [k for k, v in self.policy.state_dict().items() if not bool(torch.isfinite(v).all())]
+        if self._training and self._runner is not None and self._runner.started:
+            snap = self._runner.snapshot()
+            state_dict, optimizer, learner_rng = snap["policy"], snap["optimizer"], snap["learner_rng"]
+            version, steps = snap["policy_version"], snap["num_timesteps"]
+        else:
+            state_dict, optimizer = self.policy.state_dict(), self._load_scratch(self._optimizer_path)
+            learner_rng = self._load_scratch(rng_path(self._optimizer_path))
+            version, steps = self.policy_version, self.num_timesteps
+        bad = [k for k, v in state_dict.items() if not bool(torch.isfinite(v).all())]
         if bad:
             raise FloatingPointError(f"refusing to save non-finite weights ({bad}) to {path}")
-        blob = {"state_dict": self.policy.state_dict(), "config": self.config.__dict__.copy(),
-                "env_factory": self.env_factory, "num_timesteps": self.num_timesteps,
-                "policy_version": self.policy_version, "num_graphs": self._num_graphs,
-                "optimizer": (torch.load(self._optimizer_path, map_location="cpu")
-                              if os.path.exists(self._optimizer_path) else None)}
+        blob = {"state_dict": state_dict, "config": self.config.__dict__.copy(),
+                "env_factory": self.env_factory, "num_timesteps": steps,
+                "policy_version": version, "num_graphs": self._num_graphs,
+                "optimizer": optimizer, "learner_rng": learner_rng}
         atomic_torch_save(blob, path)
+
+    @staticmethod
+    def _load_scratch(path: str) -> Any:
+        return torch.load(path, map_location="cpu") if os.path.exists(path) else None
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike], env: Any = None, device: str = "auto",
@@ -344,6 +359,8 @@ class APPO:
         model._num_graphs = blob.get("num_graphs", 0) + 1
         if blob["optimizer"] is not None:
             torch.save(blob["optimizer"], model._optimizer_path)
+        if blob.get("learner_rng") is not None:  # the learner's minibatch order goes on
+            torch.save(blob["learner_rng"], rng_path(model._optimizer_path))
         return model
 
     def close(self) -> None:
@@ -364,27 +381,6 @@ class APPO:
         """``close()``, and the scratch directory (the optimizer state file) is removed."""
         self.close()
         self._finalizer()
-
-
-def atomic_torch_save(obj: Any, path: Union[str, os.PathLike]) -> None:
-    """Write to a temporary file, fsync it, rename it over ``path``, fsync the directory: a
-    crash at any point leaves either the previous file or the new one, never a torn one."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[int] = None,

@@ -67,6 +67,8 @@ class Ctl(IntEnum):
     LEARNER_PAUSED = 5     # the run the learner has paused after (learner): its state is saved
     MIN_VERSION = 6        # samples of older policy versions are masked (weights set by the user)
     OPTIMIZER_EPOCH = 7    # moves when the user replaced the optimizer state file
+    SNAPSHOT_REQUEST = 8   # moves when the main process wants the learner's exact state on disk
+    SNAPSHOT_DONE = 9      # the request the learner has written its state for (learner)
 
 
 class SharedControl:

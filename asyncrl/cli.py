@@ -23,6 +23,7 @@ import time
 from typing import List, Optional
 
 from .config import Config, ConfigError
+from .fileio import atomic_open
 
 COMMANDS = ("train", "enjoy", "evaluate", "plot", "benchmark")
 BENCHMARKS = ("atari_throughput", "cartpole_throughput", "atari_learning")
@@ -108,16 +109,13 @@ class RunDir:
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
         doc = {"env": env if isinstance(env, str) else repr(env), "env_kwargs": env_kwargs or {},
                "steps": steps, "config": fields}
-        tmp = self.config_path + ".tmp"
-        with open(tmp, "w") as f:
+        with atomic_open(self.config_path) as f:
             yaml.safe_dump(doc, f, sort_keys=False)
-        os.replace(tmp, self.config_path)
 
     def write_json(self, name: str, data: dict) -> str:
         path = os.path.join(self.path, name)
-        with open(path + ".tmp", "w") as f:
+        with atomic_open(path) as f:
             json.dump(data, f, indent=1)
-        os.replace(path + ".tmp", path)
         return path
 
 

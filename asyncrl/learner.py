@@ -14,6 +14,7 @@ from torch import nn
 
 from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
 from .config import MUTABLE_HPARAMS, Config
+from .fileio import atomic_torch_save
 from .losses import ppo_loss
 from .messages import Report, ReportKind
 from .models import ActorCritic
@@ -62,6 +63,14 @@ class BatchGatherer:
         return Batch(*out)
 
 
+def rng_path(optimizer_path: str) -> str:
+    return os.path.join(os.path.dirname(optimizer_path), "learner_rng.pt")
+
+
+def snapshot_path(optimizer_path: str) -> str:
+    return os.path.join(os.path.dirname(optimizer_path), "snapshot.pt")
+
+
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     var = target.var()
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
@@ -76,6 +85,7 @@ class Learner:
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
         self.hparams, self.hparams_version = hparams, None
         self.optimizer_path, self.optimizer_epoch = optimizer_path, 0
+        self.snapshot_served = 0
         self.full_slot_queue, self.free_slot_queue = queues.full_slot, queues.free_slot
         self.report_queue = queues.report
         self.name = "learner"
@@ -129,6 +139,8 @@ class Learner:
         if os.path.exists(self.optimizer_path):
             self.optimizer.load_state_dict(torch.load(self.optimizer_path, map_location=self.device))
             self.hparams_version = None  # re-apply the learning rate
+        if os.path.exists(rng_path(self.optimizer_path)):  # minibatch order continues on resume
+            torch.set_rng_state(torch.load(rng_path(self.optimizer_path)))
 
     def _apply_hparams(self) -> None:
         """Pick up hyper-parameters the main process changed (validated there)."""
@@ -140,6 +152,8 @@ class Learner:
             group["lr"], group["eps"] = self.cfg.learning_rate, self.cfg.adam_eps
 
     def step(self, timeout: float) -> bool:
+        if self.ctl[Ctl.SNAPSHOT_REQUEST] != self.snapshot_served:
+            self.snapshot()
         if self.finished:  # reached the target: wait for the pause
             time.sleep(min(timeout, 0.005))
             return False
@@ -188,11 +202,22 @@ class Learner:
                                "the rollout or policy workers are not producing")
 
     def save_optimizer(self) -> None:
+        """Adam's state and the learner's RNG state, beside the last published weights."""
         if self.optimizer is None:
             return
-        tmp = self.optimizer_path + ".tmp"
-        torch.save(self.optimizer.state_dict(), tmp)
-        os.replace(tmp, self.optimizer_path)
+        atomic_torch_save(self.optimizer.state_dict(), self.optimizer_path, durable=False)
+        atomic_torch_save(torch.get_rng_state(), rng_path(self.optimizer_path), durable=False)
+
+    def snapshot(self) -> None:
+        """Between updates, on the main process's request: everything a checkpoint needs, from
+        one moment (weights, Adam, counters, RNG), to ``snapshot_path``."""
+        request = self.ctl[Ctl.SNAPSHOT_REQUEST]
+        state = {"policy": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+                 "optimizer": self.optimizer.state_dict(), "learner_rng": torch.get_rng_state(),
+                 "policy_version": self.version, "num_timesteps": self.ctl[Ctl.TRAINED_ENV_STEPS]}
+        atomic_torch_save(state, snapshot_path(self.optimizer_path), durable=False)
+        self.snapshot_served = request
+        self.ctl[Ctl.SNAPSHOT_DONE] = request
 
     @torch.no_grad()
     def targets(self, batch: Batch) -> Tuple[VTraceReturns, torch.Tensor]:

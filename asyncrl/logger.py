@@ -10,6 +10,7 @@ from collections import defaultdict, deque
 from typing import Optional
 
 from .messages import Report, ReportKind
+from .fileio import atomic_open
 from .timing import summarize
 
 FPS_WINDOWS = (10, 60, 300)
@@ -87,12 +88,10 @@ class TrainLogger:
         new_columns = [k for k in row if k not in self.csv_columns]
         if new_columns:
             self.csv_columns += new_columns
-            tmp = self.csv_path + ".tmp"
-            with open(tmp, "w", newline="") as f:
+            with atomic_open(self.csv_path, newline="", durable=False) as f:
                 w = csv.DictWriter(f, fieldnames=self.csv_columns, restval="")
                 w.writeheader()
                 w.writerows(self.csv_rows)
-            os.replace(tmp, self.csv_path)
             return
         with open(self.csv_path, "a", newline="") as f:
             csv.DictWriter(f, fieldnames=self.csv_columns, restval="").writerow(row)

@@ -27,6 +27,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 from .appo import APPO
+from .fileio import atomic_open
 
 # name -> (low, high, log scale): where hyper-parameters are drawn and perturbed within
 DEFAULT_SEARCH: Dict[str, Tuple[float, float, bool]] = {
@@ -249,10 +250,8 @@ class PBT:
                                   for i in range(self.num_members)])
         state = dict(generation=gen, hparams=self.hparams, history=self.history,
                      copies=copies, generation_seconds=seconds)
-        tmp = os.path.join(self.out_dir, "pbt.json.tmp")
-        with open(tmp, "w") as f:
+        with atomic_open(os.path.join(self.out_dir, "pbt.json")) as f:
             json.dump(state, f, indent=1)
-        os.replace(tmp, os.path.join(self.out_dir, "pbt.json"))
 
     def summary(self) -> str:
         """A markdown table: per generation, the best and mean score and the best member's

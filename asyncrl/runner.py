@@ -32,7 +32,7 @@ from . import ipc
 from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
 from .config import Config, ConfigError
 from .env_utils import storage_dtype
-from .learner import Learner
+from .learner import Learner, snapshot_path
 from .logger import TrainLogger
 from .messages import Report, ReportKind
 from .policy_worker import PolicyWorker
@@ -141,15 +141,20 @@ def watch_queue_locks(procs: list, queues: list, ctl: SharedControl) -> None:
 
 
 def shutdown_graph(ctl: SharedControl, procs: list, components: list, queues: "Queues") -> None:
-    """Stop every component: processes are joined (terminated, then killed, past a timeout),
-    serial components closed, queues closed. Idempotent; also run at garbage collection and
-    interpreter exit (before multiprocessing joins its children)."""
+    """Stop every component: processes are joined (terminated, then killed, past a timeout;
+    killed at once on a Ctrl-C during the wait), serial components closed, queues closed.
+    Idempotent; also run at garbage collection and interpreter exit (before multiprocessing
+    joins its children)."""
     ctl[Ctl.STOP] = 1
+    forced = False
     deadline = time.monotonic() + JOIN_TIMEOUT
+    try:
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:  # a second Ctrl-C while waiting: no more grace
+        forced = True
     for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
+        if p.is_alive() and not forced:
             p.terminate()
             p.join(timeout=2.0)
         if p.is_alive():
@@ -161,6 +166,8 @@ def shutdown_graph(ctl: SharedControl, procs: list, components: list, queues: "Q
         c.close()
     components.clear()
     queues.close()
+    if forced:
+        raise KeyboardInterrupt
 
 
 class Make:
@@ -364,6 +371,29 @@ class Runner:
             if time.monotonic() > deadline:
                 raise WorkerError(f"the learner did not pause within worker_timeout="
                                   f"{self.cfg.worker_timeout} s")
+
+    def snapshot(self) -> dict:
+        """The learner's exact state, taken between two updates: weights, Adam, counters and
+        RNG of one moment (for a checkpoint written while training). Waits at most
+        ``worker_timeout``."""
+        if self.cfg.serial_mode:
+            learner = self.components[-1]
+        else:
+            learner = None
+            request = self.ctl[Ctl.SNAPSHOT_REQUEST] + 1
+            self.ctl[Ctl.SNAPSHOT_REQUEST] = request
+        path = snapshot_path(self.optimizer_path)
+        if learner is not None:
+            learner.snapshot()
+        else:
+            deadline = time.monotonic() + self.cfg.worker_timeout
+            while self.ctl[Ctl.SNAPSHOT_DONE] != request:
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"the learner did not write its state within worker_timeout="
+                                      f"{self.cfg.worker_timeout} s")
+                time.sleep(PAUSE_POLL)
+        return torch.load(path, map_location="cpu")
 
     def _callback_says_stop(self) -> bool:
         if self.callback is None or time.monotonic() - self.last_callback < self.callback_interval:

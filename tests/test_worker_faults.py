@@ -108,3 +108,30 @@ def test_dead_learner_or_policy_worker_ends_the_run_naming_it(victim):
     finally:
         model.close()
     assert worker_children() == []
+
+
+def _stubborn():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(120)
+
+
+@pytest.mark.timeout(60)
+def test_second_ctrl_c_during_shutdown_kills_at_once():
+    """The first Ctrl-C stops the graph with JOIN_TIMEOUT of grace per process; a second one
+    while it waits kills what is left at once, and still nothing is left behind."""
+    import multiprocessing as mp
+
+    from asyncrl.buffers import SharedControl
+    from asyncrl.runner import JOIN_TIMEOUT, Queues, shutdown_graph
+    from asyncrl.config import Config
+
+    procs = [mp.get_context("spawn").Process(target=_stubborn) for _ in range(2)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        shutdown_graph(SharedControl(), procs, [], Queues(Config()))
+    assert time.monotonic() - t0 < JOIN_TIMEOUT
+    assert procs == [] and worker_children() == []

@@ -1,0 +1,46 @@
+"""Checkpoints written while training are of one moment: weights, Adam state and counters of
+the same update (the learner writes them between two updates), with its RNG state; a model
+loaded from one trains on."""
+import pytest
+import torch
+
+from asyncrl import APPO
+from asyncrl.config import Config
+from test_multiprocess import SMALL, worker_children
+
+STEPS_PER_UPDATE = Config().num_epochs * SMALL["batch_size"] // SMALL["minibatch_size"]
+
+
+def adam_steps(optimizer_state: dict) -> int:
+    return int(next(iter(optimizer_state["state"].values()))["step"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("serial", [False, True])
+def test_checkpoint_saved_while_training_is_consistent(tmp_path, serial):
+    saved = []
+
+    def save_mid_run(m):
+        if m.num_timesteps >= 2048 and not saved:
+            m.save(tmp_path / "mid.pt")
+            saved.append(torch.load(tmp_path / "mid.pt", weights_only=False))
+
+    with APPO("CartPole-v1", **SMALL, serial_mode=serial) as model:
+        model.train(8192, callback=save_mid_run, callback_interval=0.05)
+    blob = saved[0]
+    version, steps = blob["policy_version"], blob["num_timesteps"]
+    assert 0 < version and steps == version * SMALL["batch_size"]  # counters of these weights
+    # Adam took exactly the minibatch steps of the updates that made these weights
+    assert adam_steps(blob["optimizer"]) == version * STEPS_PER_UPDATE
+    assert isinstance(blob["learner_rng"], torch.Tensor)
+
+    resumed = APPO.load(tmp_path / "mid.pt")
+    try:
+        assert resumed.num_timesteps == steps
+        resumed.train(steps + 2048)
+        assert resumed.num_timesteps >= steps + 2048
+        assert adam_steps(resumed.get_parameters()["policy.optimizer"]) == \
+            resumed.policy_version * STEPS_PER_UPDATE
+    finally:
+        resumed.close()
+    assert worker_children() == []
