@@ -37,6 +37,20 @@ def raw_env_rate(env_id: str, processes: int, seconds: float = 5.0) -> float:
     return sum(rates)
 
 
+def tree_memory() -> dict:
+    """Memory of this process and all its descendants, in bytes: PSS (shared pages divided among
+    the processes that map them: the sum is what the tree costs) and RSS (each process whole)."""
+    me = psutil.Process()
+    pss = rss = n = 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            info = p.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        pss, rss, n = pss + info.pss, rss + info.rss, n + 1
+    return {"pss": pss, "rss": rss, "processes": n}
+
+
 class ProcessTreeSampler(threading.Thread):
     """CPU seconds per wall second of each process of this tree (by name) after ``start_after``
     seconds, and the peak proportional set size (PSS) of the whole tree."""
