@@ -26,8 +26,10 @@ class TrajectoryBuffers:
     (``dones`` is terminated or truncated; ``truncated`` marks time-limit ends among them).
 
     Bookkeeping for restarting a killed rollout worker: ``slot_owner`` [S] (the rollout worker
-    filling each slot, -1 when none is) and ``incarnation`` [num_workers] (moved by the main
-    process when it replaces a worker: requests of the dead one are then dropped).
+    filling each slot, -1 when none is), ``incarnation`` [num_workers] (moved by the main
+    process when it replaces a worker: requests of the dead one are then dropped) and
+    ``policy_ticks`` [num_policy_workers] (each policy worker counts its loop passes: once every
+    one has moved, no request of the dead worker is being served any more).
     """
 
     @staticmethod
@@ -35,7 +37,7 @@ class TrajectoryBuffers:
         """Shared memory the buffers take."""
         S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
         obs = S * (T + 1) * E * int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
-        return obs + S * T * E * (8 + 4 + 4 + 4 + 1 + 1 + 8) + 8 * (S + cfg.num_workers)
+        return obs + S * T * E * (8 + 4 + 4 + 4 + 1 + 1 + 8) + 8 * (S + cfg.num_workers + cfg.num_policy_workers)
 
     def __init__(self, cfg: Config, obs_shape: tuple, obs_dtype: np.dtype):
         S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
@@ -54,6 +56,7 @@ class TrajectoryBuffers:
         self.policy_versions = shared((S, T, E), torch.int64, -1)
         self.slot_owner = shared((S,), torch.int64, -1)
         self.incarnation = shared((cfg.num_workers,), torch.int64, 0)
+        self.policy_ticks = shared((cfg.num_policy_workers,), torch.int64, 0)
 
 
 class Ctl(IntEnum):

@@ -94,24 +94,43 @@ def lock_and_die(q) -> None:
     os.kill(os.getpid(), 9)
 
 
+SLOTS_FREED = 2  # the byte that wakes a rollout worker waiting for a free slot
+
+
 class ActionPipe:
     """Group indices (0 or 1) from the policy workers to one rollout worker, one byte each,
-    through a pipe. Both ends are non-blocking; the main process keeps them open, so a
-    replacement worker reads the same pipe (after dropping what its predecessor left)."""
+    through a pipe, and ``SLOTS_FREED`` bytes from whoever returns free slots (the worker waits
+    here for those too, never inside a queue). Both ends are non-blocking; the main process
+    keeps them open, so a replacement worker reads the same pipe (after dropping what its
+    predecessor left)."""
 
     def __init__(self):
         self.reader, self.writer = multiprocessing.Pipe(duplex=False)
         os.set_blocking(self.reader.fileno(), False)
         os.set_blocking(self.writer.fileno(), False)
+        self._poll = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_poll": None}  # a poll object is per process
 
     def put_many(self, group_indices: List[int]) -> None:
         os.write(self.writer.fileno(), bytes(group_indices))  # 64 KiB of room: never full
 
+    def ring(self) -> None:
+        try:
+            os.write(self.writer.fileno(), bytes([SLOTS_FREED]))
+        except BlockingIOError:  # full of unread wake-ups (a dead reader): it is awake enough
+            pass
+
     def get_many(self, block: bool = True, timeout: float = 0.0) -> List[int]:
-        """The indices written since the last call; ``queue.Empty`` when none came in time."""
+        """The bytes written since the last call; ``queue.Empty`` when none came in time."""
         fd = self.reader.fileno()
-        if block and not select.select([fd], [], [], timeout)[0]:
-            raise queue.Empty
+        if block:
+            if self._poll is None:  # poll, not select: file descriptors may be >= 1024
+                self._poll = select.poll()
+                self._poll.register(fd, select.POLLIN)
+            if not self._poll.poll(timeout * 1000):
+                raise queue.Empty
         try:
             data = os.read(fd, 4096)
         except BlockingIOError:

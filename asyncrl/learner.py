@@ -87,6 +87,7 @@ class Learner:
         self.optimizer_path, self.optimizer_epoch = optimizer_path, 0
         self.snapshot_served = 0
         self.full_slot_queue, self.free_slot_queue = queues.full_slot, queues.free_slot
+        self.wake_rollout_workers = queues.ring_all
         self.report_queue = queues.report
         self.name = "learner"
         self.timer = StageTimer()
@@ -178,14 +179,14 @@ class Learner:
         if stats is None:  # stopped mid-update: publish nothing half-trained
             return False
         if not stats:  # every sample came from a policy the user replaced: drop them
-            self.free_slot_queue.put_many(slots)
+            self._free(slots)
             return False
         self.version += 1
         trained = self.ctl[Ctl.TRAINED_ENV_STEPS] + self.cfg.batch_size
         with self.timer("publish"):
             self.weights.publish(self.model, self.version, trained)
         self.ctl[Ctl.TRAINED_ENV_STEPS] = trained
-        self.free_slot_queue.put_many(slots)
+        self._free(slots)
         self.report_queue.put(Report(ReportKind.TRAIN, self.name, stats))
         self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
         self.last_progress = time.perf_counter()
@@ -193,6 +194,10 @@ class Learner:
             self.ctl[Ctl.LEARNER_DONE] = 1
             self.finished = True
         return True
+
+    def _free(self, slots: List[int]) -> None:
+        self.free_slot_queue.put_many(slots)
+        self.wake_rollout_workers()
 
     def _check_stuck(self) -> None:
         waited = time.perf_counter() - self.last_progress
@@ -220,14 +225,14 @@ class Learner:
         self.ctl[Ctl.SNAPSHOT_DONE] = request
 
     @torch.no_grad()
-    def targets(self, batch: Batch) -> Tuple[VTraceReturns, torch.Tensor]:
+    def targets(self, batch: Batch, obs: torch.Tensor) -> Tuple[VTraceReturns, torch.Tensor]:
         """V-trace targets of ``batch`` under the current model, once per batch, and the
-        model's values V(x_t) [T, B] before this update (for value clipping)."""
+        model's values V(x_t) [T, B] before this update (for value clipping). ``obs``: the
+        batch's [(T+1)*B, ...] observations as the model takes them."""
         cfg = self.cfg
         T, B = batch.actions.shape
         actions = batch.actions.flatten()
-        log_probs, _, values = self.model.evaluate(batch.obs.flatten(0, 1),
-                                                   torch.cat([actions, actions[:B]]))
+        log_probs, _, values = self.model.evaluate(obs, torch.cat([actions, actions[:B]]))
         log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
         rewards = batch.rewards
         if cfg.reward_clip is not None:  # logged returns stay raw: the workers sum raw rewards
@@ -246,7 +251,10 @@ class Learner:
         waits for the update to end), {} if no sample may be trained on."""
         cfg = self.cfg
         T, B = batch.actions.shape
-        obs_steps = batch.obs[:T].flatten(0, 1)     # [T*B, ...]
+        obs = batch.obs.flatten(0, 1)  # [(T+1)*B, ...]
+        if self.model.image:  # scaled once here, not once per minibatch and epoch
+            obs = self.model.actor_body.scale(obs)
+        obs_steps = obs[:T * B]
         actions = batch.actions.flatten()
         behaviour_log_probs = batch.log_probs.flatten()
         lag = (self.version - batch.policy_versions).float()
@@ -255,12 +263,13 @@ class Learner:
             return {}
         mask = valid.float().flatten()
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
-        vt, old_values = self.targets(batch)
+        vt, old_values = self.targets(batch, obs)
         advantages, returns, old_values = vt.pg_advantages.flatten(), vt.vs.flatten(), old_values.flatten()
         ev = explained_variance(old_values, returns)
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         for _ in range(cfg.num_epochs):
-            for mb in torch.randperm(T * B, device=self.device).split(cfg.minibatch_size):
+            # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
+            for mb in torch.randperm(T * B).to(self.device).split(cfg.minibatch_size):
                 if self.ctl.stopping:
                     return None
                 out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],

@@ -43,7 +43,7 @@ class PolicyWorker:
         self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
         self.log_probs_np, self.values_np = b.log_probs.numpy(), b.values.numpy()
         self.versions_np = b.policy_versions.numpy()
-        self.incarnation_np = b.incarnation.numpy()
+        self.incarnation_np, self.ticks_np = b.incarnation.numpy(), b.policy_ticks.numpy()
         S, T1, E = self.obs_np.shape[:3]
         self.obs_flat_np, self.steps_per_slot = self.obs_np.reshape(S * T1, E, *self.obs_np.shape[3:]), T1
         max_requests = 2 * len(self.action_ready_queues)  # each group has one request in flight at most
@@ -58,12 +58,18 @@ class PolicyWorker:
         pass
 
     def pause(self, run: int) -> None:
-        pass
+        self.ticks_np[self.policy_idx] += 1
 
     def resume(self) -> None:  # new weights, if the user set them, load with the next request
         pass
 
     def step(self, timeout: float) -> bool:
+        try:
+            return self._serve(timeout)
+        finally:  # this pass is over: requests it took are written (see Runner's restart)
+            self.ticks_np[self.policy_idx] += 1
+
+    def _serve(self, timeout: float) -> bool:
         t0 = time.perf_counter()
         try:
             requests = self.request_queue.get_many(block=timeout > 0, timeout=timeout)

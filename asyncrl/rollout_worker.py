@@ -15,11 +15,11 @@ import numpy as np
 
 from .buffers import Ctl, SharedControl, TrajectoryBuffers
 from .config import Config
+from .ipc import SLOTS_FREED
 from .messages import PolicyRequest, Report, ReportKind
 from .timing import StageTimer
 
 REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
-SLOT_POLL = 0.002      # seconds between looks for a free slot while a group has none
 
 
 class EnvGroup:
@@ -108,20 +108,21 @@ class RolloutWorker:
     # --- the loop body --------------------------------------------------------------------
     def step(self, timeout: float) -> bool:
         """Step every group whose actions are ready; returns whether any work was done."""
-        if any(g.slot_idx is None for g in self.groups):  # polled: see ipc on waiting in queues
+        if any(g.slot_idx is None for g in self.groups):  # woken by SLOTS_FREED (see ipc)
             self._claim_slots()
-            if any(g.slot_idx is None for g in self.groups):
-                timeout = min(timeout, SLOT_POLL)
+        # With no slot in either group nothing can be asked for: the wait is for the learner.
+        waiting_for = "wait_slot" if all(g.slot_idx is None for g in self.groups) else "wait_actions"
         t0 = time.perf_counter()
         try:
             ready = self.action_ready_queue.get_many(block=timeout > 0, timeout=timeout)
         except queue.Empty:
-            self.timer.add("wait_actions", time.perf_counter() - t0)
+            self.timer.add(waiting_for, time.perf_counter() - t0)
             self._check_stuck()
             return False
-        self.timer.add("wait_actions", time.perf_counter() - t0)
+        self.timer.add(waiting_for, time.perf_counter() - t0)
         for group_idx in ready:
-            self._step_group(self.groups[group_idx], group_idx)
+            if group_idx != SLOTS_FREED:
+                self._step_group(self.groups[group_idx], group_idx)
         self.last_progress = time.perf_counter()
         if self.last_progress - self.last_report > REPORT_INTERVAL:
             self.report()
@@ -220,8 +221,7 @@ class RolloutWorker:
 
     def _claim_slots(self) -> None:
         """Give a free slot to every group without one, and ask for its first actions. Never
-        waits inside the queue (see ipc): the caller polls."""
-        t0 = time.perf_counter()
+        waits inside the queue (see ipc): whoever frees slots rings the worker's pipe."""
         for group_idx, group in enumerate(self.groups):
             if group.slot_idx is not None:
                 continue
@@ -234,7 +234,6 @@ class RolloutWorker:
             group.slot_idx, group.t = slot, 0
             self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, 0,
                                                  self.incarnation))
-        self.timer.add("wait_slot", time.perf_counter() - t0)
 
     def _check_stuck(self) -> None:
         trained = self.ctl[Ctl.TRAINED_ENV_STEPS]

@@ -13,6 +13,7 @@ import ctypes
 import os
 import pickle
 import queue
+import select
 import shutil
 import signal
 import threading
@@ -24,7 +25,6 @@ from typing import Any, Callable, List, Optional
 import faster_fifo
 import torch
 import torch.multiprocessing as mp
-from multiprocessing import connection as mp_connection
 from multiprocessing import util as mp_util
 
 from . import ipc
@@ -41,7 +41,6 @@ from .rollout_worker import RolloutWorker
 JOIN_TIMEOUT = 5.0     # seconds a component gets to leave its loop before it is terminated
 LOOP_TIMEOUT = 0.1     # seconds of any single wait inside a component loop
 PAUSE_POLL = 0.005     # seconds between looks at the control vector while paused
-RECLAIM_GRACE = 0.2    # seconds between disowning a dead worker's requests and reclaiming its slots
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 
 
@@ -62,6 +61,11 @@ class Queues:
     def all(self) -> list:
         """The faster-fifo queues."""
         return [*self.policy_request, self.free_slot, self.full_slot, self.report]
+
+    def ring_all(self) -> None:
+        """Wake every rollout worker: free slots were returned."""
+        for pipe in self.action_ready:
+            pipe.ring()
 
     def close(self) -> None:
         for q in [*self.all(), *self.action_ready]:
@@ -117,27 +121,37 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
 
 def watch_queue_locks(procs: list, queues: list, ctl: SharedControl) -> None:
     """A thread of the main process: when a component process dies, free the queue locks it held
-    (see ipc), before anyone, the main thread included, blocks on them for good. Holds
-    no reference to the Runner, so that garbage collection still shuts the graph down."""
-    handled = set()
-    while not ctl.stopping:
-        live = {}
-        for p in list(procs):
-            try:
-                if p.pid not in handled:
-                    live[p.sentinel] = p.pid
-            except ValueError:  # closed by shutdown_graph meanwhile
-                pass
-        if not live:
-            time.sleep(LOOP_TIMEOUT)
-            continue
-        try:
-            ready = mp_connection.wait(list(live), timeout=LOOP_TIMEOUT)
-        except (OSError, ValueError):
-            continue
-        for sentinel in ready:
-            handled.add(live[sentinel])
-            ipc.release_locks_of_dead(live[sentinel], queues)
+    (see ipc), before anyone, the main thread included, blocks on them for good. Deaths are
+    seen through pidfds (Linux >= 5.3): unlike a process's sentinel pipe, which a grandchild
+    forked by an env inherits, a pidfd turns readable when that process itself ends. Holds no
+    reference to the Runner, so that garbage collection still shuts the graph down."""
+    pidfds, handled = {}, set()
+    try:
+        while not ctl.stopping:
+            for p in list(procs):
+                pid = p.pid
+                if pid is None or pid in pidfds or pid in handled:
+                    continue
+                try:
+                    pidfds[pid] = os.pidfd_open(pid)
+                except ProcessLookupError:  # gone already
+                    handled.add(pid)
+                    ipc.release_locks_of_dead(pid, queues)
+            if not pidfds:
+                time.sleep(LOOP_TIMEOUT)
+                continue
+            by_fd = {fd: pid for pid, fd in pidfds.items()}
+            poller = select.poll()  # not select(): descriptors may be >= 1024
+            for fd in by_fd:
+                poller.register(fd, select.POLLIN)
+            for fd, _ in poller.poll(LOOP_TIMEOUT * 1000):
+                pid = by_fd[fd]
+                os.close(pidfds.pop(pid))
+                handled.add(pid)
+                ipc.release_locks_of_dead(pid, queues)
+    finally:
+        for fd in pidfds.values():
+            os.close(fd)
 
 
 def shutdown_graph(ctl: SharedControl, procs: list, components: list, queues: "Queues") -> None:
@@ -147,19 +161,25 @@ def shutdown_graph(ctl: SharedControl, procs: list, components: list, queues: "Q
     joins its children)."""
     ctl[Ctl.STOP] = 1
     forced = False
-    deadline = time.monotonic() + JOIN_TIMEOUT
     try:
+        deadline = time.monotonic() + JOIN_TIMEOUT
         for p in procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2.0)
     except KeyboardInterrupt:  # a second Ctrl-C while waiting: no more grace
         forced = True
-    for p in procs:
-        if p.is_alive() and not forced:
-            p.terminate()
-            p.join(timeout=2.0)
-        if p.is_alive():
+    for p in procs:  # SIGKILL what is left; its exit is immediate, the join too
+        if p.exitcode is None:
             p.kill()
-            p.join()
+        while True:
+            try:
+                p.join()
+                break
+            except KeyboardInterrupt:
+                forced = True
         p.close()
     procs.clear()
     for c in components:
@@ -217,7 +237,7 @@ class Runner:
         self.queues.free_slot.put_many(list(range(cfg.num_slots)))
         self.procs: list = []       # multi-process mode
         self.makes: dict = {}       # process name -> constructor, to restart a killed worker
-        self.worker_restarts = 0
+        self.worker_restarts = self.slots_reclaimed = 0
         self.reported: set = set()  # components that have reported at least once: up and running
         self.components: list = []  # serial mode
         self.started = False
@@ -339,7 +359,7 @@ class Runner:
             self.makes = dict(self.components_to_make(serial=False))
             for name in self.makes:
                 self.procs.append(self._spawn(name))
-            if ipc.supported():
+            if ipc.supported() and hasattr(os, "pidfd_open"):
                 threading.Thread(target=watch_queue_locks, name="asyncrl-lock-watch", daemon=True,
                                  args=(self.procs, self.queues.all(), self.ctl)).start()
         while not self.ctl[Ctl.LEARNER_DONE]:
@@ -406,6 +426,7 @@ class Runner:
         for idx, p in enumerate(self.procs):
             if p.exitcode is None:
                 continue
+            ipc.release_locks_of_dead(p.pid, self.queues.all())  # before reading the reports
             for _ in range(4):  # a traceback beats an exit code (one read may get part of a backlog)
                 self._drain_reports(raise_errors=True)
             how = f"exited unexpectedly with code {p.exitcode}" + (
@@ -430,12 +451,27 @@ class Runner:
         dead = self.procs[idx]
         worker_idx = int(dead.name.split("-")[1])
         b = self.buffers
+        ticks = b.policy_ticks.clone()
         b.incarnation[worker_idx] += 1
-        time.sleep(RECLAIM_GRACE)  # a request a policy worker took before is written by now
+        # Every policy worker finishes the pass it is in (which may serve the dead worker's
+        # requests) before its slots change hands; later passes drop those requests.
+        t0 = time.monotonic()
+        while bool((b.policy_ticks == ticks).any()):
+            waited = time.monotonic() - t0
+            if self.ctl.run_state()[1] and waited > 0.5:
+                break  # paused: an idle policy worker makes no passes (and serves nothing)
+            if any(p.exitcode is not None for p in self.procs if p.name.startswith("policy-")):
+                break  # _check_alive names it next
+            if waited > self.cfg.worker_timeout:
+                raise WorkerError(f"a policy worker made no progress within worker_timeout="
+                                  f"{self.cfg.worker_timeout} s while {dead.name} was replaced")
+            time.sleep(PAUSE_POLL)
         slots = torch.nonzero(b.slot_owner == worker_idx).flatten()
         b.slot_owner[slots] = -1
         if len(slots):
             self.queues.free_slot.put_many(slots.tolist())
+            self.queues.ring_all()
+        self.slots_reclaimed += len(slots)
         self.procs[idx] = self._spawn(dead.name)
         self.worker_restarts += 1
         self.logger.worker_restarts += 1

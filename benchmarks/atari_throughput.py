@@ -59,7 +59,8 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
             sample_actions(*forward(obs))
     inference_cost = (time.perf_counter() - t0) / (20 * 8)
     T, B = cfg.rollout, cfg.batch_size // cfg.rollout
-    no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None})
+    no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None,
+                                    "ring_all": lambda: None})
     ctl = SharedControl()
     learner = Learner(cfg, env.observation_space, env.action_space, "cpu", buffers=None, weights=None,
                       hparams=None, ctl=ctl, queues=no_queues, optimizer_path="/nonexistent",

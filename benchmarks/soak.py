@@ -41,12 +41,20 @@ def _parse_set(items):
 
 
 def kill_a_rollout_worker() -> int:
-    victims = [c for c in psutil.Process().children(recursive=True)
-               if c.name().startswith("rollout-")]
+    victims = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.name().startswith("rollout-"):
+                victims.append(c)
+        except psutil.Error:  # ended meanwhile
+            pass
     if not victims:
         return 0
     victim = random.choice(victims)
-    os.kill(victim.pid, signal.SIGKILL)
+    try:
+        os.kill(victim.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return 0
     return victim.pid
 
 

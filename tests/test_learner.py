@@ -14,7 +14,8 @@ T, B = 5, 3
 def make_learner(**overrides):
     cfg = Config(seed=0, **overrides)
     env = gym.make("CartPole-v1")
-    queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None})
+    queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None,
+                            "ring_all": lambda: None})
     learner = Learner(cfg, env.observation_space, env.action_space, "cpu", buffers=None,
                       weights=None, hparams=None, ctl=None, queues=queues,
                       optimizer_path="/nonexistent")
@@ -40,7 +41,7 @@ def on_policy_batch(learner, done_at, truncated):
 def test_truncation_bootstraps_from_value(bootstrap):
     learner = make_learner(bootstrap_truncation=bootstrap)
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=True)
-    vt, values = learner.targets(batch)
+    vt, values = learner.targets(batch, batch.obs.flatten(0, 1))
     gamma = learner.cfg.gamma
     # discount 0 at the end: v_s = r_s (+ gamma * V(x_s) when the end was a time limit)
     expected = 1.0 + (gamma * values[2, 1] if bootstrap else 0.0)
@@ -50,7 +51,7 @@ def test_truncation_bootstraps_from_value(bootstrap):
 def test_termination_never_bootstraps():
     learner = make_learner(bootstrap_truncation=True)
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
-    vt, _ = learner.targets(batch)
+    vt, _ = learner.targets(batch, batch.obs.flatten(0, 1))
     assert vt.vs[2, 1].item() == pytest.approx(1.0, abs=1e-5)
 
 

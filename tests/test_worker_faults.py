@@ -13,20 +13,30 @@ import custom_envs
 from asyncrl import APPO, WorkerError, ipc
 from test_multiprocess import SMALL, worker_children
 
-# 2 x 2 env groups hold 4 of the 20 slots and a batch takes 8: five kills without reclaiming
-# their 2 slots each would leave too few for a batch, and the learner would wait for ever.
 KILLS = 5
 
 
 def children_named(name):
+    """Live (not zombie) children whose process name is ``name``."""
     out = []
     for c in worker_children():
         try:
-            if c.name() == name:
+            if c.name() == name and c.status() != psutil.STATUS_ZOMBIE:
                 out.append(c)
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def wait_for_child(name, timeout=60.0):
+    """The process named ``name`` once it is up (a replacement names itself after importing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = children_named(name)
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no live {name} within {timeout} s")
 
 
 @pytest.mark.timeout(180)
@@ -35,13 +45,14 @@ def test_sigkilled_rollout_workers_are_replaced_and_training_goes_on():
 
     def killer():
         training.wait(timeout=60)
-        for k in range(KILLS):
-            victims = children_named(f"rollout-{k % 2}")
-            if victims:
-                killed_pids.append(victims[0].pid)
-                os.kill(victims[0].pid, signal.SIGKILL)
-            time.sleep(2.5)  # the replacement starts and reports
-        done_killing.set()
+        try:
+            for k in range(KILLS):
+                victim = wait_for_child(f"rollout-{k % 2}")
+                time.sleep(1.0)  # let it work a little
+                killed_pids.append(victim.pid)
+                os.kill(victim.pid, signal.SIGKILL)
+        finally:
+            done_killing.set()
 
     steps_after = {}
 
@@ -61,11 +72,12 @@ def test_sigkilled_rollout_workers_are_replaced_and_training_goes_on():
         thread.join()
         assert len(killed_pids) == KILLS
         assert model.logger.worker_restarts == KILLS
+        assert model._runner.slots_reclaimed >= KILLS  # a worker holds a slot while it steps
         assert model.num_timesteps >= steps_after["start"] + 10 * 256
         live = {c.pid for c in worker_children()}
         assert not live & set(killed_pids)
         assert len(live) == SMALL["num_workers"] + 2
-        model.train(model.num_timesteps + 1024)  # the replaced graph pauses and resumes too
+        model.train(1024)  # the replaced graph pauses and resumes too
     finally:
         thread.join()
         model.close()
@@ -96,15 +108,18 @@ def test_dead_learner_or_policy_worker_ends_the_run_naming_it(victim):
     def kill_once(m):
         if m.num_timesteps > 0 and "pid" not in state:
             state["pid"] = children_named(victim)[0].pid
-            state["version"] = m.num_timesteps
+            state["steps"] = m.num_timesteps
             os.kill(state["pid"], signal.SIGKILL)
 
     try:
-        with pytest.raises(WorkerError, match=f"{victim} \\(pid {state.get('pid', '')}"):
+        with pytest.raises(WorkerError) as error:
             model.train(10 ** 8, callback=kill_once, callback_interval=0.1)
-        assert model.num_timesteps >= state["version"]  # the last published weights were kept
+        assert f"{victim} (pid {state['pid']}) exited unexpectedly" in str(error.value)
+        assert model.num_timesteps >= state["steps"]  # the last published weights were kept
         assert worker_children() == []
-        model.train(model.num_timesteps + 1024)  # and a new graph trains on from them
+        before = model.num_timesteps
+        model.train(1024)  # and a new graph trains on from them
+        assert model.num_timesteps >= before + 1024
     finally:
         model.close()
     assert worker_children() == []
@@ -125,6 +140,7 @@ def test_second_ctrl_c_during_shutdown_kills_at_once():
     from asyncrl.runner import JOIN_TIMEOUT, Queues, shutdown_graph
     from asyncrl.config import Config
 
+    ctl, queues = SharedControl(), Queues(Config())
     procs = [mp.get_context("spawn").Process(target=_stubborn) for _ in range(2)]
     for p in procs:
         p.start()
@@ -132,6 +148,84 @@ def test_second_ctrl_c_during_shutdown_kills_at_once():
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        shutdown_graph(SharedControl(), procs, [], Queues(Config()))
+        shutdown_graph(ctl, procs, [], queues)
     assert time.monotonic() - t0 < JOIN_TIMEOUT
     assert procs == [] and worker_children() == []
+
+
+def _running(p) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_workers_exit_on_their_own_when_the_main_process_is_sigkilled(tmp_path):
+    """No main process left to stop them: the parent-death signal (and the parent-pid check in
+    every loop) ends the workers within seconds, with no orphan left."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        from asyncrl import APPO
+        from test_multiprocess import SMALL
+        if __name__ == "__main__":
+            def started(m):
+                if m.num_timesteps:
+                    print("training", flush=True)
+            APPO("CartPole-v1", **SMALL).train(10 ** 9, callback=started, callback_interval=0.2)
+    """ % os.path.dirname(__file__)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    workers = []
+    try:
+        assert proc.stdout.readline().strip() == "training"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        workers = [c for c in children if c.name().startswith(("rollout-", "policy-", "learner"))]
+        assert len(workers) == SMALL["num_workers"] + 2
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            alive = [w for w in workers if _running(w)]  # a zombie is gone (exited, unreaped)
+            if not alive:
+                break
+            time.sleep(0.1)
+        assert alive == [], f"still running 10 s after the main process died: {alive}"
+    finally:
+        proc.kill()
+        proc.wait()
+        for w in workers:  # only if the assertion above failed
+            try:
+                w.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+@pytest.mark.timeout(120)
+def test_env_factory_a_worker_cannot_import_is_named(tmp_path, monkeypatch):
+    """A factory from a module only the main process can import (a path added and removed at
+    run time): the run fails at once with a message that says so, not with a hang."""
+    import importlib
+    import sys
+
+    (tmp_path / "only_here.py").write_text(
+        "import gymnasium as gym\n\ndef make():\n    return gym.make('CartPole-v1')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("only_here")
+    sys.path.remove(str(tmp_path))  # the spawned workers get this process's sys.path
+    (tmp_path / "only_here.py").unlink()
+    model = APPO(module.make, **SMALL)  # probed in this process: fine here
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match="could not unpickle the env factory"):
+            model.train(10 ** 6)
+        assert time.monotonic() - t0 < 60
+    finally:
+        model.close()
+        sys.modules.pop("only_here", None)
+    assert worker_children() == []
