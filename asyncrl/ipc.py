@@ -12,10 +12,13 @@ variables, neither robust to a process dying inside them:
   attribute, then the mutex); ``supported()`` verifies both on a live queue once per process
   (lock it, read the owner, unlock). Where they do not match, nothing is touched.
 - A process killed while *waiting* on a condition variable leaves glibc's condvar expecting it:
-  the next ``pthread_cond_signal`` waits for it for ever (``__condvar_quiesce_and_switch_g1``).
-  So rollout workers never wait inside a faster-fifo queue: the "actions ready" messages to a
-  worker go through a pipe of its own (``ActionPipe``, a kernel object: a dead reader blocks no
-  writer), and free slots are taken without blocking.
+  the next ``pthread_cond_signal`` waits for it for ever (``__condvar_quiesce_and_switch_g1``),
+  and one killed *inside* ``pthread_cond_signal`` can leave the condvar's internal lock taken.
+  So no condition variable is used between a rollout worker and anyone: the "actions ready"
+  messages to a worker go through a pipe of its own (``ActionPipe``, a kernel object: a dead
+  reader blocks no writer), free slots are taken without blocking, and the readers of the
+  queues rollout workers write to (policy requests, full slots, reports) sleep on a bell pipe
+  (``BelledQueue``) instead of in the queue, so faster-fifo never signals those condvars.
 """
 from __future__ import annotations
 
@@ -89,6 +92,7 @@ def release_locks_of_dead(pid: int, queues: Iterable) -> List[int]:
 def lock_and_die(q) -> None:
     """Fault injection for tests: take ``q``'s lock and SIGKILL this process, as a kill inside
     ``put``/``get`` would."""
+    q = getattr(q, "fifo", q)  # a BelledQueue's queue
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.pthread_mutex_lock(ctypes.c_void_p(_mutex_addr(q)))
     os.kill(os.getpid(), 9)
@@ -147,3 +151,37 @@ class ActionPipe:
     def close(self) -> None:
         self.reader.close()
         self.writer.close()
+
+
+class BelledQueue:
+    """A faster-fifo queue whose consumer waits on a pipe instead of inside the queue: ``put``
+    writes the message, then rings the bell (one byte); ``get_many`` takes what is there without
+    blocking and otherwise sleeps on the bell. With nobody waiting in the queue's condition
+    variable, faster-fifo never calls ``pthread_cond_signal`` on it, so a producer killed at
+    any moment (a rollout worker) can at most leave the mutex locked, which the main process
+    frees. A wake-up may find the queue empty (a message taken meanwhile): ``queue.Empty``,
+    early; callers loop anyway."""
+
+    def __init__(self, fifo):
+        self.fifo, self.bell = fifo, ActionPipe()
+
+    def put(self, message, **kwargs) -> None:
+        self.fifo.put(message, **kwargs)
+        self.bell.ring()
+
+    def put_many(self, messages, **kwargs) -> None:
+        self.fifo.put_many(messages, **kwargs)
+        self.bell.ring()
+
+    def get_many(self, block: bool = True, timeout: float = 0.0, **kwargs) -> list:
+        try:
+            return self.fifo.get_many(block=False, **kwargs)
+        except queue.Empty:
+            if not block:
+                raise
+        self.bell.get_many(block=True, timeout=timeout)  # raises queue.Empty on time-out
+        return self.fifo.get_many(block=False, **kwargs)
+
+    def close(self) -> None:
+        self.fifo.close()
+        self.bell.close()

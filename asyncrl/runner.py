@@ -52,15 +52,19 @@ class Queues:
     """Every queue of the graph (see the module docstring for who writes and reads each)."""
 
     def __init__(self, cfg: Config):
-        self.policy_request = [faster_fifo.Queue(1_000_000) for _ in range(cfg.num_policy_workers)]
+        # Rollout workers write to these: their readers wait on a bell pipe, not in the queue
+        # (see ipc: a rollout worker may be SIGKILLed at any moment).
+        self.policy_request = [ipc.BelledQueue(faster_fifo.Queue(1_000_000))
+                               for _ in range(cfg.num_policy_workers)]
+        self.full_slot = ipc.BelledQueue(faster_fifo.Queue(1_000_000))
+        self.report = ipc.BelledQueue(faster_fifo.Queue(10_000_000))
         self.action_ready = [ipc.ActionPipe() for _ in range(cfg.num_workers)]
-        self.free_slot = faster_fifo.Queue(1_000_000)
-        self.full_slot = faster_fifo.Queue(1_000_000)
-        self.report = faster_fifo.Queue(10_000_000)
+        self.free_slot = faster_fifo.Queue(1_000_000)  # rollout workers take without waiting
 
     def all(self) -> list:
-        """The faster-fifo queues."""
-        return [*self.policy_request, self.free_slot, self.full_slot, self.report]
+        """The faster-fifo queues (whose locks a dead process may hold)."""
+        return [*(q.fifo for q in self.policy_request), self.free_slot, self.full_slot.fifo,
+                self.report.fifo]
 
     def ring_all(self) -> None:
         """Wake every rollout worker: free slots were returned."""
@@ -68,7 +72,8 @@ class Queues:
             pipe.ring()
 
     def close(self) -> None:
-        for q in [*self.all(), *self.action_ready]:
+        for q in [*self.policy_request, self.full_slot, self.report, self.free_slot,
+                  *self.action_ready]:
             q.close()
 
 

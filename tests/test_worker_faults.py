@@ -91,11 +91,18 @@ def test_worker_killed_holding_a_queue_lock_does_not_hang_the_graph(tmp_path, qu
     """The main process reads the report queue, the learner the full-slot queue, the policy
     worker the request queue: each would block for ever on a lock its dead holder kept."""
     env = functools.partial(custom_envs.die_holding_queue_lock, queue_attr, str(tmp_path / "died"))
+    after_restart = {}
+
+    def until_trained_after_the_restart(m):
+        if m.logger.worker_restarts:
+            after_restart.setdefault("steps", m.num_timesteps)
+            return False if m.num_timesteps >= after_restart["steps"] + 4096 else None
+
     with APPO(env, **SMALL) as model:
-        model.train(6000)
+        model.train(10 ** 8, callback=until_trained_after_the_restart, callback_interval=0.05)
         assert (tmp_path / "died").exists()
         assert model.logger.worker_restarts == 1
-        assert model.num_timesteps >= 6000
+        assert model.num_timesteps >= after_restart["steps"] + 4096
     assert worker_children() == []
 
 
