@@ -15,7 +15,7 @@ variables, neither robust to a process dying inside them:
   the next ``pthread_cond_signal`` waits for it for ever (``__condvar_quiesce_and_switch_g1``),
   and one killed *inside* ``pthread_cond_signal`` can leave the condvar's internal lock taken.
   So no condition variable is used between a rollout worker and anyone: the "actions ready"
-  messages to a worker go through a pipe of its own (``ActionPipe``, a kernel object: a dead
+  messages to a worker go through a pipe of its own (``BytePipe``, a kernel object: a dead
   reader blocks no writer), free slots are taken without blocking, and the readers of the
   queues rollout workers write to (policy requests, full slots, reports) sleep on a bell pipe
   (``BelledQueue``) instead of in the queue, so faster-fifo never signals those condvars.
@@ -101,10 +101,11 @@ def lock_and_die(q) -> None:
 SLOTS_FREED = 2  # the byte that wakes a rollout worker waiting for a free slot
 
 
-class ActionPipe:
-    """Group indices (0 or 1) from the policy workers to one rollout worker, one byte each,
-    through a pipe, and ``SLOTS_FREED`` bytes from whoever returns free slots (the worker waits
-    here for those too, never inside a queue). Both ends are non-blocking; the main process
+class BytePipe:
+    """Small integers, one byte each, through a pipe (a kernel object: a dead reader blocks no
+    writer, a dead writer leaves no lock). A rollout worker's "actions ready" channel: group
+    indices (0 or 1) from the policy workers, and ``SLOTS_FREED`` from whoever returns free
+    slots; also the bell of a ``BelledQueue``. Both ends are non-blocking; the main process
     keeps them open, so a replacement worker reads the same pipe (after dropping what its
     predecessor left)."""
 
@@ -163,7 +164,7 @@ class BelledQueue:
     early; callers loop anyway."""
 
     def __init__(self, fifo):
-        self.fifo, self.bell = fifo, ActionPipe()
+        self.fifo, self.bell = fifo, BytePipe()
 
     def put(self, message, **kwargs) -> None:
         self.fifo.put(message, **kwargs)

@@ -9,8 +9,8 @@ import time
 from collections import defaultdict, deque
 from typing import Optional
 
-from .messages import Report, ReportKind
 from .fileio import atomic_open
+from .messages import Report, ReportKind
 from .timing import summarize
 
 FPS_WINDOWS = (10, 60, 300)

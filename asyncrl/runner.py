@@ -28,7 +28,6 @@ import torch.multiprocessing as mp
 from multiprocessing import util as mp_util
 
 from . import ipc
-
 from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
 from .config import Config, ConfigError
 from .env_utils import storage_dtype
@@ -58,7 +57,7 @@ class Queues:
                                for _ in range(cfg.num_policy_workers)]
         self.full_slot = ipc.BelledQueue(faster_fifo.Queue(1_000_000))
         self.report = ipc.BelledQueue(faster_fifo.Queue(10_000_000))
-        self.action_ready = [ipc.ActionPipe() for _ in range(cfg.num_workers)]
+        self.action_ready = [ipc.BytePipe() for _ in range(cfg.num_workers)]
         self.free_slot = faster_fifo.Queue(1_000_000)  # rollout workers take without waiting
 
     def all(self) -> list:
@@ -401,16 +400,11 @@ class Runner:
         """The learner's exact state, taken between two updates: weights, Adam, counters and
         RNG of one moment (for a checkpoint written while training). Waits at most
         ``worker_timeout``."""
-        if self.cfg.serial_mode:
-            learner = self.components[-1]
+        if self.cfg.serial_mode:  # the learner is here, between two of its steps
+            self.components[-1].snapshot()
         else:
-            learner = None
             request = self.ctl[Ctl.SNAPSHOT_REQUEST] + 1
             self.ctl[Ctl.SNAPSHOT_REQUEST] = request
-        path = snapshot_path(self.optimizer_path)
-        if learner is not None:
-            learner.snapshot()
-        else:
             deadline = time.monotonic() + self.cfg.worker_timeout
             while self.ctl[Ctl.SNAPSHOT_DONE] != request:
                 self._check_alive()
@@ -418,7 +412,7 @@ class Runner:
                     raise WorkerError(f"the learner did not write its state within worker_timeout="
                                       f"{self.cfg.worker_timeout} s")
                 time.sleep(PAUSE_POLL)
-        return torch.load(path, map_location="cpu")
+        return torch.load(snapshot_path(self.optimizer_path), map_location="cpu")
 
     def _callback_says_stop(self) -> bool:
         if self.callback is None or time.monotonic() - self.last_callback < self.callback_interval:
