@@ -72,16 +72,11 @@ class RolloutWorker:
         obs_shape, obs_dtype = self.obs_np.shape[3:], self.obs_np.dtype
         E = cfg.envs_per_group
         for g in range(2):
-            envs = []
-            for _ in range(E):
-                envs.append(self.make_env())
-                self.envs.append(envs[-1])
-            group = EnvGroup(envs, obs_shape, obs_dtype)
-            for i, env in enumerate(envs):
+            group = EnvGroup([None] * E, obs_shape, obs_dtype)
+            for i in range(E):
                 seed = (cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
                         + 7_919 * cfg.num_envs_per_worker * self.incarnation) % 2 ** 31
-                env.action_space.seed(seed)
-                group.last_obs[i], _ = env.reset(seed=seed)
+                group.last_obs[i] = self._start_env(group, i, seed)
             self.groups.append(group)
         self.last_report = time.perf_counter()
         self.last_progress = time.perf_counter()
@@ -178,33 +173,47 @@ class RolloutWorker:
         wrote into this slot (policy version -1: the learner masks them), so the broken
         episode is not mixed with the new one. Returns what the step writes: the new first obs,
         reward 0, done (nothing bootstraps across), terminated, not truncated."""
-        error = traceback.format_exc()
-        while True:  # a new env may fail in reset too: each failure counts
-            group.failures[i] += 1
-            if group.failures[i] > self.cfg.max_env_restarts:
-                raise RuntimeError(f"{self.name}: an env failed {group.failures[i]} times in a row "
-                                   f"before completing a step (max_env_restarts="
-                                   f"{self.cfg.max_env_restarts}): a crash loop; its last "
-                                   f"error:\n{error}")
+        self._count_failure(group, i, traceback.format_exc())
+        obs = self._start_env(group, i, seed=int(np.random.randint(2 ** 31)))
+        self.versions_np[slot, :t + 1, i] = -1
+        group.ep_return[i], group.ep_length[i] = 0.0, 0
+        return obs, 0.0, True, True, False
+
+    def _start_env(self, group: EnvGroup, i: int, seed: int) -> np.ndarray:
+        """Put a new env in place ``i`` of the group (closing the one there) and reset it; returns
+        its first observation. With on_env_error="restart" a new env that fails to build or
+        reset (at start-up too) is replaced again, each failure counting towards the crash
+        loop limit; with "abort" the first error ends the run."""
+        while True:
             old = group.envs[i]
-            if old in self.envs:
+            if old is not None and old in self.envs:
                 self.envs.remove(old)
                 try:
                     old.close()
                 except Exception:  # it is broken already
                     pass
+            group.envs[i] = None
             try:
-                new = self.make_env()
-                self.envs.append(new)
-                group.envs[i] = new
-                obs, _ = new.reset(seed=int(np.random.randint(2 ** 31)))
-                break
+                env = self.make_env()
+                self.envs.append(env)
+                group.envs[i] = env
+                env.action_space.seed(seed)
+                obs, _ = env.reset(seed=seed)
+                return obs
             except Exception:
-                error = traceback.format_exc()
-        self.versions_np[slot, :t + 1, i] = -1
-        group.ep_return[i], group.ep_length[i] = 0.0, 0
+                if self.cfg.on_env_error == "abort":
+                    raise
+                self._count_failure(group, i, traceback.format_exc())
+                seed = int(np.random.randint(2 ** 31))
+
+    def _count_failure(self, group: EnvGroup, i: int, error: str) -> None:
+        group.failures[i] += 1
         self.env_restarts += 1
-        return obs, 0.0, True, True, False
+        if group.failures[i] > self.cfg.max_env_restarts:
+            raise RuntimeError(f"{self.name}: an env failed {group.failures[i]} times in a row "
+                               f"before completing a step (max_env_restarts="
+                               f"{self.cfg.max_env_restarts}): a crash loop; its last "
+                               f"error:\n{error}")
 
     def _check_finite(self, rewards: np.ndarray, obs: np.ndarray, group_idx: int) -> None:
         """A NaN or Inf from an env would poison the learner: fail naming the env."""

@@ -1,6 +1,7 @@
 """Module-level env factories for the tests: picklable, so spawned workers can build them."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 
@@ -204,20 +205,40 @@ class CrashingCartPole(gym.Wrapper):
         super().__init__(gym.make("CartPole-v1"))
         self.p_step, self.p_reset = p_step, p_reset
         self.rng = np.random.default_rng()
+        # In the workers only: the main process's probe of the env is not what is tested.
+        self.in_worker = multiprocessing.parent_process() is not None
 
     def reset(self, **kwargs):
-        if self.rng.random() < self.p_reset:
+        if self.in_worker and self.rng.random() < self.p_reset:
             raise RuntimeError("CrashingCartPole: crashed in reset on purpose")
         return self.env.reset(**kwargs)
 
     def step(self, action):
-        if self.rng.random() < self.p_step:
+        if self.in_worker and self.rng.random() < self.p_step:
             raise RuntimeError("CrashingCartPole: crashed in step on purpose")
         return self.env.step(action)
 
 
 def crashing_cartpole():
     return CrashingCartPole()
+
+
+_first_reset_done = False
+
+
+class FirstResetFails(gym.Wrapper):
+    """CartPole whose first reset in each worker process raises: an env that fails at start-up."""
+
+    def reset(self, **kwargs):
+        global _first_reset_done
+        if multiprocessing.parent_process() is not None and not _first_reset_done:
+            _first_reset_done = True
+            raise RuntimeError(FAIL_MESSAGE + " in the first reset")
+        return self.env.reset(**kwargs)
+
+
+def first_reset_fails():
+    return FirstResetFails(gym.make("CartPole-v1"))
 
 
 def always_failing_env():

@@ -21,6 +21,21 @@ def test_crash_loop_ends_the_run_with_the_env_traceback():
     assert worker_children() == []
 
 
+@pytest.mark.parametrize("on_env_error", ["restart", "abort"])
+def test_env_failing_in_its_first_reset(on_env_error):
+    """The reset at a worker's start-up is under the same policy as any other: restarted (and
+    counted) by default, the run's end with the env's traceback under "abort"."""
+    with APPO(custom_envs.first_reset_fails, on_env_error=on_env_error, **SMALL) as model:
+        if on_env_error == "abort":
+            with pytest.raises(WorkerError, match="in the first reset"):
+                model.train(10_000)
+        else:
+            model.train(10_000)
+            assert model.num_timesteps >= 10_000
+            assert model.logger.env_restarts == SMALL["num_workers"]
+    assert worker_children() == []
+
+
 def test_crashing_cartpole_still_learns():
     """RLlib-style: each step raises with p=1/1000, each reset with p=1/50. The envs are
     restarted, training goes on, and the greedy policy balances a clean CartPole."""
