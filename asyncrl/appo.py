@@ -6,7 +6,6 @@ import os
 import pathlib
 import random
 import shutil
-import tempfile
 import weakref
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
@@ -18,7 +17,7 @@ from asyncrl.envs import is_atari_id
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
 from .env_utils import eval_env_factory, make_env_factory, probe_env, storage_dtype
-from .fileio import atomic_torch_save
+from .fileio import atomic_torch_save, make_scratch_dir
 from .learner import rng_path
 from .logger import TrainLogger
 from .models import ActorCritic
@@ -86,7 +85,7 @@ class APPO:
         self._optimizer_epoch = 0
         self._training = False   # inside train(): callbacks run, the learner owns the weights
         self._eval_vec_env = None
-        self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
+        self._tmpdir = make_scratch_dir()
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
         self._optimizer_path = os.path.join(self._tmpdir, "optimizer.pt")
         cfg = self.config

@@ -1,11 +1,19 @@
-"""Atomic file writes: a crash or SIGKILL at any point leaves the previous file or the new one,
-never a torn one."""
+"""Atomic file writes (a crash or SIGKILL at any point leaves the previous file or the new one,
+never a torn one) and the model's scratch directory (removed even when its process is killed)."""
 from __future__ import annotations
 
 import contextlib
 import os
 import pathlib
+import re
+import shutil
+import tempfile
 from typing import IO, Any, Iterator, Union
+
+import psutil
+
+SCRATCH_PREFIX = "asyncrl-"
+_SCRATCH_NAME = re.compile(re.escape(SCRATCH_PREFIX) + r"(\d+)-\w+")
 
 
 @contextlib.contextmanager
@@ -38,3 +46,18 @@ def atomic_torch_save(obj: Any, path: Union[str, os.PathLike], durable: bool = T
     import torch  # lazily: the command line's --help stays fast
     with atomic_open(path, "wb", durable=durable) as f:
         torch.save(obj, f)
+
+
+def make_scratch_dir() -> str:
+    """A private temporary directory for one model's scratch files, named after this process.
+    Directories left by processes of this user that no longer run (SIGKILLed before they could
+    remove theirs, and whose workers could not either) are removed first."""
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            match = _SCRATCH_NAME.fullmatch(entry.name)
+            if (match and not psutil.pid_exists(int(match.group(1)))
+                    and entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_uid == os.getuid()):
+                shutil.rmtree(entry.path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")

@@ -71,7 +71,9 @@ class Member:
         self.model.save(path)
 
     def close(self) -> None:
-        self.model.close()
+        """Stops the workers and removes the model's scratch directory (a Ray actor is killed
+        after this, so no finalizer would run)."""
+        self.model.__exit__(None, None, None)
 
 
 class LocalBackend:

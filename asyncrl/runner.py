@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import pickle
 import queue
@@ -76,29 +77,51 @@ class Queues:
             q.close()
 
 
-def _prepare_child(name: str, parent_pid: int, parent_death_signal: bool) -> None:
+def _prepare_child(name: str, parent_pid: int, parent_death_signal: bool,
+                   scratch_dir: Optional[str]) -> None:
     """In a spawned component: die with the parent, leave Ctrl-C to the parent, one torch thread.
-    The parent-death signal follows the thread that started the process, so it is only set when
-    that was the main thread (the graph outlives a train() called from another thread); the
-    parent-pid check in the loop covers the other case."""
+    The parent-death signal (SIGHUP) follows the thread that started the process, so it is only
+    set when that was the main thread (the graph outlives a train() called from another
+    thread); the parent-pid check in the loop covers the other case."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, functools.partial(_on_parent_death, parent_pid, scratch_dir))
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         if parent_death_signal:
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
         libc.prctl(_PR_SET_NAME, name.encode()[:15])
     except OSError:  # not Linux: the parent-pid check in the loop still applies
         pass
     if os.getppid() != parent_pid:
+        _remove_if_orphaned(parent_pid, scratch_dir)
         os._exit(1)
     torch.set_num_threads(1)
 
 
+def _remove_if_orphaned(parent_pid: int, scratch_dir: Optional[str]) -> None:
+    """The main process died (SIGKILL) without removing the model's scratch directory: its
+    children do, on their way out."""
+    if scratch_dir and os.getppid() != parent_pid:
+        shutil.rmtree(scratch_dir, ignore_errors=True)
+
+
+def _on_parent_death(parent_pid: int, scratch_dir: Optional[str], signum, frame) -> None:
+    """SIGHUP: the parent's thread that started this process ended. The kernel sends it before
+    it hands this process to a new parent, so wait (up to 2 s) for that, remove the scratch
+    directory if the parent is gone, and die as SIGHUP's default action does."""
+    deadline = time.monotonic() + 2.0
+    while os.getppid() == parent_pid and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _remove_if_orphaned(parent_pid, scratch_dir)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGHUP)
+
+
 def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, parent_pid: int,
-                   parent_death_signal: bool = True):
+                   parent_death_signal: bool = True, scratch_dir: Optional[str] = None):
     """Entry point of every component process: init, then step while a train() call runs, idle
     while paused, until stopped; any failure is reported with its traceback."""
-    _prepare_child(name, parent_pid, parent_death_signal)
+    _prepare_child(name, parent_pid, parent_death_signal, scratch_dir)
     component = None
     try:
         component = make()
@@ -121,6 +144,7 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
     finally:
         if component is not None:
             component.close()
+        _remove_if_orphaned(parent_pid, scratch_dir)
 
 
 def watch_queue_locks(procs: list, queues: list, ctl: SharedControl) -> None:
@@ -380,7 +404,8 @@ class Runner:
         p = mp.get_context("spawn").Process(
             target=component_main, name=name, daemon=False,
             args=(name, self.makes[name], self.ctl, self.queues.report, os.getpid(),
-                  threading.current_thread() is threading.main_thread()))
+                  threading.current_thread() is threading.main_thread(),
+                  os.path.dirname(self.optimizer_path)))
         p.start()
         return p
 

@@ -1,8 +1,10 @@
 """Processes that die: a rollout worker killed with SIGKILL (even inside a queue operation) is
 replaced and training goes on; a dead learner or policy worker ends the run naming it."""
 import functools
+import glob
 import os
 import signal
+import tempfile
 import threading
 import time
 
@@ -170,7 +172,7 @@ def _running(p) -> bool:
 @pytest.mark.timeout(120)
 def test_workers_exit_on_their_own_when_the_main_process_is_sigkilled(tmp_path):
     """No main process left to stop them: the parent-death signal (and the parent-pid check in
-    every loop) ends the workers within seconds, with no orphan left."""
+    every loop) ends the workers within seconds, with no orphan and no scratch file left."""
     import subprocess
     import sys
     import textwrap
@@ -203,6 +205,8 @@ def test_workers_exit_on_their_own_when_the_main_process_is_sigkilled(tmp_path):
                 break
             time.sleep(0.1)
         assert alive == [], f"still running 10 s after the main process died: {alive}"
+        # ... and they removed the dead model's scratch directory on their way out
+        assert glob.glob(os.path.join(tempfile.gettempdir(), f"asyncrl-{proc.pid}-*")) == []
     finally:
         proc.kill()
         proc.wait()
