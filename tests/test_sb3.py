@@ -1,5 +1,7 @@
 """Stable-Baselines3's own tools accept APPO, and a PBT loop written for SB3's PPO runs on it
 unchanged."""
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -107,8 +109,9 @@ def sb3_style_pbt(make_model, generations=2, steps=512):
     return members, history
 
 
-def test_pbt_loop_written_for_sb3_runs_unchanged_on_appo():
+def test_pbt_loop_written_for_sb3_runs_unchanged_on_appo(tmp_path, monkeypatch):
     from stable_baselines3 import PPO
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # SB3's logger leaves /tmp/SB3-* dirs
     sb3_members, _ = sb3_style_pbt(  # the loop is valid SB3 code ...
         lambda seed: PPO("MlpPolicy", "CartPole-v1", n_steps=128, batch_size=64, n_epochs=1,
                          seed=seed, device="cpu"))
