@@ -40,6 +40,10 @@ class Config:
         1024, "Samples (T x trajectories) per learner update; a multiple of rollout x envs per group.")
     learner_threads: int = _f(
         1, "Torch intra-op threads of the learner process (the other processes use one each).")
+    sampler_nice: int = _f(
+        0, "Niceness added to the rollout and policy worker processes (0-19). Where the learner "
+        "shares the CPU with sampling and is the bottleneck (a CNN learning on a CPU), a positive "
+        "value lets its threads run first and sampling fill the rest.")
     device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "
@@ -58,6 +62,12 @@ class Config:
     vtrace_c_clip: float = _f(1.0, "V-trace c-bar: clip of the trace coefficients.")
     vtrace_pg_rho_clip: float = _f(1.0, "Clip of importance weights in the policy-gradient advantages.")
     clip_coef: float = _f(0.15, "PPO ratio clipping epsilon.")
+    decoupled_clip: bool = _f(
+        False, "Take PPO's ratio against the learner's policy at the start of each update, with "
+        "V-trace's clipped importance weight pi/mu in the advantage correcting for the policy "
+        "lag (decoupled PPO, Hilton et al. 2021; IMPACT, Luo et al. 2020): lagged samples keep "
+        "their gradient. False: against the policy that sampled (Sample Factory's APPO), which "
+        "clips away samples whose policy has drifted by more than clip_coef.")
     vf_clip_coef: Optional[float] = _f(
         None, "Clip of the value change per update (None: unclipped value loss).")
     ent_coef: float = _f(0.005, "Entropy bonus coefficient.")
@@ -175,6 +185,8 @@ class Config:
         check(is_int(self.num_envs_per_worker) and self.num_envs_per_worker >= 2
               and self.num_envs_per_worker % 2 == 0, "num_envs_per_worker",
               "must be an even integer >= 2 (envs are split into two groups stepped in turn)")
+        check(is_int(self.sampler_nice) and 0 <= self.sampler_nice <= 19, "sampler_nice",
+              "must be an integer in [0, 19]")
         for name in ("max_policy_lag", "max_worker_restarts"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 0, name,
                   "must be an integer >= 0")
@@ -201,7 +213,7 @@ class Config:
         check(isinstance(self.hidden_sizes, tuple) and len(self.hidden_sizes) >= 1
               and all(is_int(h) and h >= 1 for h in self.hidden_sizes), "hidden_sizes",
               "must be a non-empty tuple of positive integers, e.g. (64, 64)")
-        for name in ("serial_mode", "normalize_advantages", "bootstrap_truncation"):
+        for name in ("serial_mode", "normalize_advantages", "bootstrap_truncation", "decoupled_clip"):
             check(isinstance(getattr(self, name), bool), name, "must be True or False")
         check(self.activation in ("tanh", "relu"), "activation", 'must be "tanh" or "relu"')
         check(self.cnn in CNNS, "cnn", f"must be one of {CNNS}")

@@ -225,10 +225,12 @@ class Learner:
         self.ctl[Ctl.SNAPSHOT_DONE] = request
 
     @torch.no_grad()
-    def targets(self, batch: Batch, obs: torch.Tensor) -> Tuple[VTraceReturns, torch.Tensor]:
+    def targets(self, batch: Batch,
+                obs: torch.Tensor) -> Tuple[VTraceReturns, torch.Tensor, torch.Tensor]:
         """V-trace targets of ``batch`` under the current model, once per batch, and the
-        model's values V(x_t) [T, B] before this update (for value clipping). ``obs``: the
-        batch's [(T+1)*B, ...] observations as the model takes them."""
+        model's values V(x_t) and log-probabilities of the taken actions [T, B] before this
+        update (for value clipping and the decoupled PPO ratio). ``obs``: the batch's
+        [(T+1)*B, ...] observations as the model takes them."""
         cfg = self.cfg
         T, B = batch.actions.shape
         actions = batch.actions.flatten()
@@ -244,7 +246,7 @@ class Learner:
                     clip_rho_threshold=cfg.vtrace_rho_clip,
                     clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
                     clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
-        return vt, values[:T]
+        return vt, values[:T], log_probs
 
     def train_on(self, batch: Batch) -> Optional[dict]:
         """One update over ``batch``; None if the run was stopped in the middle of it (a pause
@@ -256,15 +258,17 @@ class Learner:
             obs = self.model.actor_body.scale(obs)
         obs_steps = obs[:T * B]
         actions = batch.actions.flatten()
-        behaviour_log_probs = batch.log_probs.flatten()
         lag = (self.version - batch.policy_versions).float()
         valid = (lag <= cfg.max_policy_lag) & (batch.policy_versions >= self.ctl[Ctl.MIN_VERSION])
         if not valid.any():
             return {}
         mask = valid.float().flatten()
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
-        vt, old_values = self.targets(batch, obs)
+        vt, old_values, old_log_probs = self.targets(batch, obs)
         advantages, returns, old_values = vt.pg_advantages.flatten(), vt.vs.flatten(), old_values.flatten()
+        # The ratio's reference: the learner's policy now (the lag is in V-trace's weight), or
+        # the policy that sampled.
+        ratio_ref = (old_log_probs if cfg.decoupled_clip else batch.log_probs).flatten()
         ev = explained_variance(old_values, returns)
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         for _ in range(cfg.num_epochs):
@@ -272,7 +276,7 @@ class Learner:
             for mb in torch.randperm(T * B).to(self.device).split(cfg.minibatch_size):
                 if self.ctl.stopping:
                     return None
-                out = self._minibatch_step(obs_steps[mb], actions[mb], behaviour_log_probs[mb],
+                out = self._minibatch_step(obs_steps[mb], actions[mb], ratio_ref[mb],
                                            advantages[mb], old_values[mb], returns[mb], mask[mb],
                                            clip_coef)
                 if out is None:
@@ -286,7 +290,7 @@ class Learner:
         stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
         return stats
 
-    def _minibatch_step(self, obs, actions, behaviour_log_probs, advantages, old_values, returns,
+    def _minibatch_step(self, obs, actions, ratio_ref, advantages, old_values, returns,
                         mask, clip_coef) -> Optional[torch.Tensor]:
         """One gradient step; returns the MINIBATCH_STATS values as one tensor, or None when the
         loss or a gradient was not finite (the step is skipped: the weights stay finite)."""
@@ -294,7 +298,7 @@ class Learner:
         if cfg.normalize_advantages and advantages.numel() > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         new_log_probs, entropy, new_values = self.model.evaluate(obs, actions)
-        out = ppo_loss(new_log_probs, behaviour_log_probs, advantages, new_values, old_values,
+        out = ppo_loss(new_log_probs, ratio_ref, advantages, new_values, old_values,
                        returns, entropy, clip_coef=clip_coef, vf_clip_coef=cfg.vf_clip_coef,
                        ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, mask=mask)
         self.optimizer.zero_grad(set_to_none=True)

@@ -21,7 +21,7 @@ def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def ppo_loss(new_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
+def ppo_loss(new_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
              advantages: torch.Tensor, new_values: torch.Tensor, old_values: torch.Tensor,
              returns: torch.Tensor, entropy: torch.Tensor, *, clip_coef: Optional[float],
              vf_clip_coef: Optional[float], ent_coef: float, vf_coef: float,
@@ -30,8 +30,10 @@ def ppo_loss(new_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
 
     All tensors have one shape ``[N]``. ``clip_coef=None`` gives the unclipped policy gradient
     ``-A * log pi`` of IMPALA. ``mask`` (1 keep, 0 drop) removes samples, e.g. too stale ones.
+    ``ref_log_probs``: the ratio's reference policy (the behaviour policy, or in decoupled PPO
+    the learner's policy before the update).
     """
-    log_ratio = new_log_probs - behaviour_log_probs
+    log_ratio = new_log_probs - ref_log_probs
     ratio = log_ratio.exp()
     if clip_coef is None:
         pg_loss = masked_mean(-advantages * new_log_probs, mask)

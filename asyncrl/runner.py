@@ -125,6 +125,8 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
     component = None
     try:
         component = make()
+        if getattr(component, "niceness", 0):
+            os.nice(component.niceness)
         component.init()
         run_idx = paused_run = 0
         while not ctl.stopping and os.getppid() == parent_pid:

@@ -76,7 +76,7 @@ def test_reward_clipping_in_learner_keeps_raw_returns():
     dones = torch.ones(T, B, dtype=torch.bool)  # every step terminal: v_s = clipped r_s
     batch = Batch(obs, actions, log_probs.view(T, B), torch.tensor([[21.0, -5.0]] * T), dones,
                   torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64))
-    vt, _ = learner.targets(batch, batch.obs.flatten(0, 1))
+    vt, _, _ = learner.targets(batch, batch.obs.flatten(0, 1))
     torch.testing.assert_close(vt.vs, torch.tensor([[1.0, -1.0]] * T))
 
 

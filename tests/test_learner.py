@@ -41,7 +41,7 @@ def on_policy_batch(learner, done_at, truncated):
 def test_truncation_bootstraps_from_value(bootstrap):
     learner = make_learner(bootstrap_truncation=bootstrap)
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=True)
-    vt, values = learner.targets(batch, batch.obs.flatten(0, 1))
+    vt, values, _ = learner.targets(batch, batch.obs.flatten(0, 1))
     gamma = learner.cfg.gamma
     # discount 0 at the end: v_s = r_s (+ gamma * V(x_s) when the end was a time limit)
     expected = 1.0 + (gamma * values[2, 1] if bootstrap else 0.0)
@@ -51,7 +51,7 @@ def test_truncation_bootstraps_from_value(bootstrap):
 def test_termination_never_bootstraps():
     learner = make_learner(bootstrap_truncation=True)
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
-    vt, _ = learner.targets(batch, batch.obs.flatten(0, 1))
+    vt, _, _ = learner.targets(batch, batch.obs.flatten(0, 1))
     assert vt.vs[2, 1].item() == pytest.approx(1.0, abs=1e-5)
 
 
@@ -74,6 +74,24 @@ def test_samples_from_replaced_weights_are_not_trained_on():
     stats = learner.train_on(batch._replace(policy_versions=versions))
     assert stats["masked_fraction"] == pytest.approx(2 / 3)
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_lagged_samples_keep_their_gradient_with_the_decoupled_clip(decoupled):
+    """Samples whose behaviour policy is far from the learner's (e^1 = 2.7 times less likely to
+    take the action): PPO's ratio against the behaviour policy starts outside the clip range, so
+    every one of them is clipped and gives no policy gradient; the decoupled ratio starts at 1
+    (the lag is in V-trace's weight min(1, pi/mu) instead)."""
+    from asyncrl.buffers import SharedControl
+    learner = make_learner(minibatch_size=15, batch_size=15, rollout=5, num_envs_per_worker=6,
+                           num_epochs=1, decoupled_clip=decoupled)
+    learner.ctl = SharedControl()
+    learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=1e-3)
+    batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
+    learner.version = 3  # the samples are 3 versions old
+    batch = batch._replace(log_probs=batch.log_probs - 1.0)
+    stats = learner.train_on(batch)
+    assert stats["clip_fraction"] == (0.0 if decoupled else 1.0)
 
 
 @pytest.mark.parametrize("cnn, num_convs", [("nature", 3), ("tiny", 1)])

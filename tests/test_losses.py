@@ -16,7 +16,7 @@ def make_inputs(ratio, advantages, seed=0):
     new = (behaviour + torch.log(torch.as_tensor(ratio, dtype=torch.float32).expand(N))).clone()
     return dict(
         new_log_probs=new.requires_grad_(True),
-        behaviour_log_probs=behaviour,
+        ref_log_probs=behaviour,
         advantages=torch.as_tensor(advantages, dtype=torch.float32).expand(N).clone(),
         new_values=torch.randn(N, generator=g),
         old_values=torch.randn(N, generator=g),
@@ -40,7 +40,7 @@ def test_ratio_inside_clip_is_plain_surrogate():
     adv = torch.linspace(-2.0, 2.0, N)
     inputs = make_inputs(1.1, adv)
     out, grad = pg_grad(inputs)
-    ratio = (inputs["new_log_probs"] - inputs["behaviour_log_probs"]).exp().detach()
+    ratio = (inputs["new_log_probs"] - inputs["ref_log_probs"]).exp().detach()
     torch.testing.assert_close(out.pg_loss, (-adv * ratio).mean())
     torch.testing.assert_close(grad, -adv * ratio / N)  # d(-A r)/d log pi = -A r
     assert out.clipfrac == 0.0
@@ -103,7 +103,7 @@ def test_masked_sample_changes_nothing(clip_coef, vf_clip_coef):
     ref = loss(inputs, mask=mask, **kw)
 
     wild = {k: v.detach().clone() for k, v in inputs.items()}
-    for k in ("behaviour_log_probs", "advantages", "new_values", "old_values", "returns",
+    for k in ("ref_log_probs", "advantages", "new_values", "old_values", "returns",
               "entropy"):
         wild[k][2] = 1e3
     wild["new_log_probs"][2] = 5.0

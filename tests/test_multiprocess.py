@@ -205,3 +205,16 @@ def test_short_dev_shm_fails_early_with_what_is_missing(monkeypatch):
                                               r"free \(missing 0\.\d MiB.*--shm-size"):
             model.train(256)
         assert {p.pid for p in worker_children()} == before  # nothing was started
+
+
+def test_sampler_nice_lowers_the_priority_of_sampling_only():
+    """sampler_nice: rollout and policy workers run that much nicer than the main process, the
+    learner as nice as it."""
+    base = psutil.Process().nice()
+    if base + 3 > 19:
+        pytest.skip("this process is already too nice")
+    with APPO("CartPole-v1", sampler_nice=3, **SMALL) as model:
+        model.train(2_000)
+        nice = {c.name(): c.nice() for c in worker_children()}
+    assert nice == {"rollout-0": base + 3, "rollout-1": base + 3, "policy-0": base + 3,
+                    "learner": base}, nice
