@@ -65,7 +65,9 @@ class APPO:
         atari = isinstance(env, str) and is_atari_id(env)
         schedules = {k: v for k, v in kwargs.items() if k in MUTABLE_HPARAMS and callable(v)}
         kwargs.update({k: _schedule_value(k, v, 1.0) for k, v in schedules.items()})
-        self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari))
+        device = kwargs.get("device", Config.device)
+        cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+        self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari, cpu_only=cpu_only))
         if self.config.seed is None:
             self.config = self.config.replace(seed=random.randrange(2 ** 31))
         for name in MUTABLE_HPARAMS:

@@ -264,13 +264,21 @@ ATARI_DEFAULTS = dict(rollout=128, learning_rate=2.5e-4, gamma=0.99, vtrace_lamb
                       clip_coef=0.1, ent_coef=0.01, minibatch_size=256, num_epochs=4,
                       reward_clip=1.0, learner_threads=2)
 ATARI_BATCH_SIZE = 1024  # rounded to a multiple of the slot size
+# ... and with no GPU to learn on: synchronous (as Sample Factory's Atari preset, async_rl=False).
+# The CNN's backward pass is then the bottleneck, and it runs fastest with the cores to itself:
+# sampling and learning in turn beat sampling beside learning, and the policy lag is 0. Rollout 64:
+# 2 workers x 8 envs make CleanRL's batch of 1024.
+ATARI_CPU_DEFAULTS = dict(algo="ppo", rollout=64)
 
 
-def with_defaults(kwargs: dict, atari: bool = False) -> dict:
+def with_defaults(kwargs: dict, atari: bool = False, cpu_only: bool = False) -> dict:
     """The caller's keywords, over the values that the env family and the algorithm variant imply:
-    Atari gets ATARI_DEFAULTS; IMPALA trains one epoch per batch; synchronous PPO's batch is one
-    rollout of every env. What the caller sets always wins."""
+    Atari gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
+    the caller chose no ``algo``); IMPALA trains one epoch per batch; synchronous PPO's batch is
+    one rollout of every env. What the caller sets always wins."""
     preset = dict(ATARI_DEFAULTS) if atari else {}
+    if atari and cpu_only and "algo" not in kwargs:
+        preset.update(ATARI_CPU_DEFAULTS)
     merged = {**preset, **kwargs}
     algo = merged.get("algo", "appo")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}

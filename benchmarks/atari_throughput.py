@@ -1,15 +1,17 @@
 """Atari training throughput against the machine's ceiling and Sample Factory, in one run.
 
     python benchmarks/atari_throughput.py [--env ALE/Pong-v5] [--seconds 90] [--repeats 1]
-        [--sweep] [--tiny] [--sf] [--json atari.json] [--png atari.png]
+        [--sweep] [--tiny] [--async] [--nice N] [--sf] [--json atari.json] [--png atari.png]
 
 1. Ceiling: (a) raw simulation, random actions, DeepMind preprocessing, one process per core;
    (b) core-seconds per env step of env stepping, batched inference (8 obs a call) and learning
    (all epochs, one torch thread), each measured alone; ideal FPS = cores / their sum.
 2. asyncrl: steady training FPS with the Atari defaults (2 workers x 8 envs), after a warm-up;
-   with --sweep also other worker/env layouts; with --tiny also 2x8 with a one-convolution CNN
-   (cnn="tiny"), where learning costs next to nothing, against the raw rate. Peak PSS of the
-   process tree.
+   with --sweep also other worker/env layouts; with --tiny also 2x8 asynchronous with a
+   one-convolution CNN (cnn="tiny"), where learning costs next to nothing, against the raw
+   rate; with --async also 2x8 asynchronous (algo="appo") where the defaults (on a CPU) train
+   synchronously, and with --nice N also that with sampler_nice=N. Peak PSS of the process
+   tree.
 3. Sample Factory 2.1.1 (--sf; needs ../shared/bench/sample_factory/install.sh): its Atari preset
    for the same time, through that folder's run.sh.
 Frames = env steps x frame skip (4). Medians over --repeats.
@@ -98,24 +100,36 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=30.0)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--sweep", action="store_true", help="also 2x4, 4x4 and 2x16 layouts")
-    ap.add_argument("--tiny", action="store_true", help="also 2x8 with cnn='tiny'")
+    ap.add_argument("--tiny", action="store_true", help="also 2x8 asynchronous with cnn='tiny'")
+    ap.add_argument("--async", dest="asynchronous", action="store_true",
+                    help="also 2x8 with algo='appo' (asynchronous), if the defaults are not")
+    ap.add_argument("--nice", type=int, default=None,
+                    help="also 2x8 asynchronous with sampler_nice=N")
     ap.add_argument("--sf", action="store_true", help="run Sample Factory beside (needs its venv)")
     ap.add_argument("--json", default="atari_throughput.json")
     ap.add_argument("--png", default="atari_throughput.png")
     args = ap.parse_args()
     cores = os.cpu_count()
-    layouts = [(2, 8, "nature")] + ([(2, 4, "nature"), (4, 4, "nature"), (2, 16, "nature")]
-                                    if args.sweep else []) + ([(2, 8, "tiny")] if args.tiny else [])
-    name = lambda w, e, cnn: f"{w}x{e}" + ("" if cnn == "nature" else f" {cnn} CNN")  # noqa: E731
-    cfg = Config.from_kwargs(with_defaults({}, atari=True))
-    res = {"raw": [], "costs": [], "asyncrl": {name(*lay): [] for lay in layouts}, "sf": []}
+    cfg = Config.from_kwargs(with_defaults({}, atari=True, cpu_only=True))
+    variants = {"2x8": {}}  # name: APPO keywords over the Atari defaults
+    if args.sweep:
+        variants.update({f"{w}x{e}": dict(num_workers=w, num_envs_per_worker=e)
+                         for w, e in ((2, 4), (4, 4), (2, 16))})
+    if args.tiny:
+        variants["2x8 tiny CNN, asynchronous"] = dict(cnn="tiny", algo="appo")
+    if args.asynchronous and cfg.algo != "appo":
+        variants["2x8 asynchronous (algo=appo)"] = dict(algo="appo")
+    if args.nice is not None:
+        variants[f"2x8 asynchronous, sampler_nice={args.nice}"] = dict(algo="appo",
+                                                                     sampler_nice=args.nice)
+    res = {"raw": [], "costs": [], "asyncrl": {k: [] for k in variants}, "sf": []}
     for r in range(args.repeats):
         res["raw"].append(raw_env_rate(args.env, processes=cores, seconds=10.0))
         res["costs"].append(per_step_costs(args.env, cfg))
-        for w, e, cnn in layouts:
-            res["asyncrl"][name(w, e, cnn)].append(steady_fps(
-                args.env, warmup=args.warmup, seconds=args.seconds, num_workers=w,
-                num_envs_per_worker=e, cnn=cnn, device="cpu", seed=r))
+        for k, kwargs in variants.items():
+            kwargs = {"num_workers": 2, "num_envs_per_worker": 8, **kwargs}
+            res["asyncrl"][k].append(steady_fps(args.env, warmup=args.warmup, seconds=args.seconds,
+                                                device="cpu", seed=r, **kwargs))
         if args.sf:
             res["sf"].append(sample_factory_fps(int(args.seconds)))
         print(f"repeat {r}: {json.dumps({k: v[-1] if isinstance(v, list) else {kk: vv[-1]['fps'] for kk, vv in v.items()} for k, v in res.items() if v}, default=str)}", flush=True)
@@ -128,7 +142,7 @@ def main() -> None:
     main_fps = fps["2x8"]
     rows = [("raw simulation, random actions, %d processes" % cores, raw),
             ("ideal training (cores / per-step costs)", ideal)]
-    rows += [(f"asyncrl {k} (workers x envs)", v) for k, v in fps.items()]
+    rows += [(f"asyncrl {k} (workers x envs; {cfg.algo} unless said)", v) for k, v in fps.items()]
     sf = med(res["sf"]) / FRAME_SKIP if res["sf"] else None
     if sf:
         rows.append(("Sample Factory 2.1.1, Atari preset, 2x8", sf))
@@ -140,7 +154,7 @@ def main() -> None:
     print(f"asyncrl / ideal {main_fps / ideal:.2f}; asyncrl / raw {main_fps / raw:.3f}"
           + (f"; asyncrl / Sample Factory {main_fps / sf:.2f}" if sf else "; Sample Factory: not run (--sf)")
           + f"; asyncrl peak PSS {peak:.2f} GiB"
-          + (f"; tiny CNN / raw {fps['2x8 tiny CNN'] / raw:.2f}" if args.tiny else ""))
+          + (f"; tiny CNN / raw {fps['2x8 tiny CNN, asynchronous'] / raw:.2f}" if args.tiny else ""))
     with open(args.json, "w") as f:
         json.dump({"cores": cores, "ideal": ideal, "costs": costs, **res}, f, indent=1, default=str)
     try:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl import APPO
+from asyncrl import APPO, Config
 from asyncrl.envs import make_env
 
 pytest.importorskip("ale_py")
@@ -94,12 +94,20 @@ def test_pong_smoke_run_in_worker_processes():
 
 
 def test_atari_defaults_apply_to_ale_ids_and_yield_to_the_caller():
-    from asyncrl.config import ATARI_DEFAULTS
+    from asyncrl.config import ATARI_CPU_DEFAULTS, ATARI_DEFAULTS, with_defaults
+    # With a GPU to learn on (cpu_only False): asynchronous, batch 1024.
+    cfg = Config.from_kwargs(with_defaults({}, atari=True, cpu_only=False))
+    for name, value in ATARI_DEFAULTS.items():
+        assert getattr(cfg, name) == value, name
+    assert cfg.algo == "appo" and cfg.batch_size == 1024 and cfg.batch_size % cfg.slot_size == 0
+    # On a CPU: synchronous, one rollout of the 2 x 8 envs = CleanRL's batch of 1024.
     with APPO("ALE/Pong-v5", verbose=0, device="cpu") as model:
         cfg = model.config
-        for name, value in ATARI_DEFAULTS.items():
+        for name, value in {**ATARI_DEFAULTS, **ATARI_CPU_DEFAULTS}.items():
             assert getattr(cfg, name) == value, name
-        assert cfg.batch_size == 1024 and cfg.batch_size % cfg.slot_size == 0
+        assert cfg.algo == "ppo" and cfg.batch_size == 1024 and cfg.num_slots == 4
+    with APPO("ALE/Pong-v5", verbose=0, device="cpu", algo="appo") as model:  # asked for
+        assert model.config.rollout == 128 and model.config.batch_size == 1024
     with APPO("ALE/Pong-v5", verbose=0, device="cpu", gamma=0.995, num_envs_per_worker=6) as model:
         assert model.config.gamma == 0.995 and model.config.reward_clip == 1.0
         assert model.config.batch_size % model.config.slot_size == 0  # re-derived for 3 envs/group
