@@ -5,8 +5,9 @@
 
 Writes OUT.csv (seconds, frames, env steps, mean return of the last 100 games) every 30 s, the
 final model to OUT.pt with its greedy return over --eval_episodes games, and, with matplotlib
-(pip install -e ".[bench]"), OUT.png. Frames = env steps x 4. On a 2-core CPU
-10M frames take about 90 minutes (~470 env steps/s); on a GPU machine, less.
+(pip install -e ".[bench]"), OUT.png. Frames = env steps x 4. On a 2-core CPU (where the
+Atari defaults train synchronously) 10M frames took 64 minutes (~650 env steps/s); on a GPU
+machine, less.
 """
 from __future__ import annotations
 
