@@ -48,16 +48,23 @@ def atomic_torch_save(obj: Any, path: Union[str, os.PathLike], durable: bool = T
         torch.save(obj, f)
 
 
-def make_scratch_dir() -> str:
-    """A private temporary directory for one model's scratch files, named after this process.
-    Directories left by processes of this user that no longer run (SIGKILLed before they could
-    remove theirs, and whose workers could not either) are removed first."""
-    root = tempfile.gettempdir()
+def orphaned_scratch_dirs() -> list:
+    """Scratch directories (``make_scratch_dir``) of this user's processes that no longer run."""
+    found = []
     with contextlib.suppress(OSError):
-        for entry in os.scandir(root):
+        for entry in os.scandir(tempfile.gettempdir()):
             match = _SCRATCH_NAME.fullmatch(entry.name)
             if (match and not psutil.pid_exists(int(match.group(1)))
                     and entry.is_dir(follow_symlinks=False)
                     and entry.stat(follow_symlinks=False).st_uid == os.getuid()):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                found.append(entry.path)
+    return found
+
+
+def make_scratch_dir() -> str:
+    """A private temporary directory for one model's scratch files, named after this process.
+    Directories left by processes that no longer run (SIGKILLed before they could remove theirs,
+    and whose workers could not either) are removed first."""
+    for path in orphaned_scratch_dirs():
+        shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")

@@ -29,7 +29,6 @@ class PolicyWorker:
         self.obs_space, self.action_space = obs_space, action_space
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
         self.name = f"policy-{policy_idx}"
-        self.niceness = cfg.sampler_nice  # applied to its own process only (not in serial mode)
         self.request_queue = queues.policy_request[policy_idx]
         self.action_ready_queues = queues.action_ready
         self.report_queue = queues.report

@@ -41,7 +41,6 @@ class RolloutWorker:
         self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
         self.buffers, self.ctl, self.serial = buffers, ctl, serial
         self.name = f"rollout-{worker_idx}"
-        self.niceness = cfg.sampler_nice  # applied to its own process only (not in serial mode)
         self.request_queue = queues.policy_request[worker_idx % cfg.num_policy_workers]
         self.action_ready_queue = queues.action_ready[worker_idx]
         self.free_slot_queue, self.full_slot_queue = queues.free_slot, queues.full_slot

@@ -118,15 +118,16 @@ def _on_parent_death(parent_pid: int, scratch_dir: Optional[str], signum, frame)
 
 
 def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, parent_pid: int,
-                   parent_death_signal: bool = True, scratch_dir: Optional[str] = None):
+                   parent_death_signal: bool = True, scratch_dir: Optional[str] = None,
+                   niceness: int = 0):
     """Entry point of every component process: init, then step while a train() call runs, idle
     while paused, until stopped; any failure is reported with its traceback."""
     _prepare_child(name, parent_pid, parent_death_signal, scratch_dir)
+    if niceness:
+        os.nice(niceness)
     component = None
     try:
         component = make()
-        if getattr(component, "niceness", 0):
-            os.nice(component.niceness)
         component.init()
         run_idx = paused_run = 0
         while not ctl.stopping and os.getppid() == parent_pid:
@@ -407,7 +408,8 @@ class Runner:
             target=component_main, name=name, daemon=False,
             args=(name, self.makes[name], self.ctl, self.queues.report, os.getpid(),
                   threading.current_thread() is threading.main_thread(),
-                  os.path.dirname(self.optimizer_path)))
+                  os.path.dirname(self.optimizer_path),
+                  0 if name == "learner" else self.cfg.sampler_nice))  # sampling yields to it
         p.start()
         return p
 
