@@ -3,6 +3,7 @@ policy, optimises the clipped PPO objective, publishes the weights with a new ve
 the slots. Samples older than ``max_policy_lag`` versions are masked out of the loss."""
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import queue
@@ -71,6 +72,23 @@ def snapshot_path(optimizer_path: str) -> str:
     return os.path.join(os.path.dirname(optimizer_path), "snapshot.pt")
 
 
+def keep_freed_memory() -> bool:
+    """Have glibc serve blocks up to 32 MiB from the heap and keep freed heap memory, instead of
+    mapping each large tensor afresh and unmapping it when freed (its default above 128 KiB,
+    raised only as far as the largest block freed so far). An update allocates and frees the
+    same activation tensors every minibatch, and every fresh mapping page-faults on first touch:
+    measured on a Nature-CNN update of a 1024-step Pong batch, 2.09 -> 1.82 ms per sample on one
+    thread, 1.28 -> 1.11 on two. Freed memory is reused, so the peak does not grow. For the
+    learner's process (not the user's: the serial mode leaves it alone). False where mallopt
+    is missing or refuses (not glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     var = target.var()
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
@@ -95,11 +113,13 @@ class Learner:
         self.finished = False
         self.optimizer = None
         self.nonfinite_in_a_row = 0
+        self.scaled_obs: Optional[torch.Tensor] = None  # float frames of the batch, reused
 
     def init(self) -> None:
         cfg = self.cfg
         if not self.serial:  # the backward pass of a CNN on a CPU can use more than one core
             torch.set_num_threads(cfg.learner_threads)
+            keep_freed_memory()
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + 20_000)
         self.model = ActorCritic(self.obs_space, self.action_space, cfg).to(self.device)
@@ -234,7 +254,11 @@ class Learner:
         cfg = self.cfg
         T, B = batch.actions.shape
         actions = batch.actions.flatten()
-        log_probs, _, values = self.model.evaluate(obs, torch.cat([actions, actions[:B]]))
+        # In minibatch-sized chunks: activations of the whole batch at once would be fresh
+        # mappings (> 32 MiB for a Nature CNN on 1024 frames), page-faulted on every update.
+        outs = [self.model.evaluate(o, a) for o, a in zip(
+            obs.split(cfg.minibatch_size), torch.cat([actions, actions[:B]]).split(cfg.minibatch_size))]
+        log_probs, values = torch.cat([o[0] for o in outs]), torch.cat([o[2] for o in outs])
         log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
         rewards = batch.rewards
         if cfg.reward_clip is not None:  # logged returns stay raw: the workers sum raw rewards
@@ -255,7 +279,10 @@ class Learner:
         T, B = batch.actions.shape
         obs = batch.obs.flatten(0, 1)  # [(T+1)*B, ...]
         if self.model.image:  # scaled once here, not once per minibatch and epoch
-            obs = self.model.actor_body.scale(obs)
+            if self.scaled_obs is None or self.scaled_obs.shape != obs.shape:
+                self.scaled_obs = torch.empty(obs.shape, device=obs.device,
+                                              memory_format=torch.channels_last)
+            obs = self.model.actor_body.scale(obs, out=self.scaled_obs)
         obs_steps = obs[:T * B]
         actions = batch.actions.flatten()
         lag = (self.version - batch.policy_versions).float()

@@ -5,7 +5,8 @@
 
 1. Ceiling: (a) raw simulation, random actions, DeepMind preprocessing, one process per core;
    (b) core-seconds per env step of env stepping, batched inference (8 obs a call) and learning
-   (all epochs, one torch thread), each measured alone; ideal FPS = cores / their sum.
+   (all epochs, one torch thread, after one warm-up update), each measured alone; ideal FPS =
+   cores / their sum.
 2. asyncrl: steady training FPS with the Atari defaults (2 workers x 8 envs), after a warm-up;
    with --sweep also other worker/env layouts; with --tiny also 2x8 asynchronous with a
    one-convolution CNN (cnn="tiny"), where learning costs next to nothing, against the raw
@@ -33,7 +34,7 @@ from asyncrl import Config
 from asyncrl.buffers import SharedControl
 from asyncrl.config import with_defaults
 from asyncrl.envs import make_env
-from asyncrl.learner import Batch, Learner
+from asyncrl.learner import Batch, Learner, keep_freed_memory
 from asyncrl.models import ActorCritic, sample_actions
 
 FRAME_SKIP = 4
@@ -74,6 +75,8 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
                   torch.randint(0, env.action_space.n, (T, B)), torch.full((T, B), -1.8),
                   torch.zeros(T, B), torch.zeros(T, B, dtype=torch.bool),
                   torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64))
+    keep_freed_memory()  # as the learner's process does
+    learner.train_on(batch)  # warm-up: oneDNN builds its kernels, buffers are allocated
     t0 = time.perf_counter()
     learner.train_on(batch)
     learn_cost = (time.perf_counter() - t0) / cfg.batch_size

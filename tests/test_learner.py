@@ -133,3 +133,27 @@ def test_image_model_weights_round_trip_channels_last():
     assert conv.is_contiguous(memory_format=torch.channels_last)  # kept through the copy
     obs = torch.randint(0, 256, (2, *env.observation_space.shape), dtype=torch.uint8)
     torch.testing.assert_close(a(obs)[0], b(obs)[0])
+
+
+def test_targets_in_minibatch_chunks_equal_one_pass_over_the_batch():
+    """targets() evaluates the batch in minibatch-sized chunks (no fresh mapping per update);
+    the values and log-probabilities are those of one forward pass over the whole batch."""
+    learner = make_learner(minibatch_size=4)  # (T+1)*B = 18 frames: chunks of 4, 4, 4, 4, 2
+    batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
+    obs = batch.obs.flatten(0, 1)
+    vt, values, log_probs = learner.targets(batch, obs)
+    with torch.no_grad():
+        all_log_probs, _, all_values = learner.model.evaluate(
+            obs, torch.cat([batch.actions.flatten(), batch.actions[0]]))
+    torch.testing.assert_close(values, all_values.view(T + 1, B)[:T])
+    torch.testing.assert_close(log_probs, all_log_probs.view(T + 1, B)[:T])
+
+
+def test_frames_scaled_into_a_reused_buffer_equal_a_fresh_scale():
+    from asyncrl.models import NatureCNN
+    frames = torch.randint(0, 256, (6, 4, 12, 12), dtype=torch.uint8)
+    buf = torch.full(frames.shape, float("nan")).contiguous(memory_format=torch.channels_last)
+    out = NatureCNN.scale(frames, out=buf)
+    assert out.data_ptr() == buf.data_ptr() and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, frames.float() / 255.0, rtol=0, atol=1e-7)
+    torch.testing.assert_close(NatureCNN.scale(frames), out, rtol=0, atol=0)
