@@ -5,9 +5,10 @@
 
 Writes OUT.csv (seconds, frames, env steps, mean return of the last 100 games) every 30 s, the
 final model to OUT.pt with its greedy return over --eval_episodes games, and, with matplotlib
-(pip install -e ".[bench]"), OUT.png. Frames = env steps x 4. On a 2-core CPU (where the
-Atari defaults train synchronously) 10M frames took 64 minutes (~650 env steps/s); on a GPU
-machine, less.
+(pip install -e ".[bench]"), OUT.png. Frames = env steps x 4. Stops once the mean reaches
+--target. The learning rate stays constant by default (--anneal_lr: linearly to 0 over
+--frames). On a 2-core CPU (where the Atari defaults train synchronously) the defaults reached
++18 at 6.7M frames in 41 minutes (~680 env steps/s); annealed, +17.1 at 10M frames in 64.
 """
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=18.0, help="stop once the mean return reaches it")
     ap.add_argument("--out", default="pong_learning")
     ap.add_argument("--eval_episodes", type=int, default=10, help="greedy games at the end")
-    ap.add_argument("--constant_lr", action="store_true",
-                    help="keep the learning rate constant (default: annealed linearly to 0 over "
-                         "--frames, as CleanRL's ppo_atari does)")
+    ap.add_argument("--anneal_lr", action="store_true",
+                    help="anneal the learning rate linearly to 0 over --frames (CleanRL's "
+                         "ppo_atari anneals over 40M frames; over 10M it decays too early: on "
+                         "Pong here +17.1 at 10M frames against +18 at 6.7M constant)")
     args, extra = ap.parse_known_args()
     overrides = {k.lstrip("-"): parse_value(v) for k, v in zip(extra[::2], extra[1::2])}
     overrides.setdefault("device", "auto")
-    if not args.constant_lr:
+    if args.anneal_lr:
         lr = overrides.get("learning_rate", ATARI_DEFAULTS["learning_rate"])
         overrides["learning_rate"] = lambda progress_remaining: lr * max(progress_remaining, 1e-3)
     rows, t0 = [], time.perf_counter()
