@@ -446,7 +446,8 @@ class Runner:
     def _callback_says_stop(self) -> bool:
         if self.callback is None or time.monotonic() - self.last_callback < self.callback_interval:
             return False
-        self.version, self.trained_env_steps = self.weights.load(self.model)
+        if self.weights.version != self.version:  # published with their counters, once per update
+            self.version, self.trained_env_steps = self.weights.load(self.model)
         self.last_callback = time.monotonic()
         return self.callback(self.version, self.trained_env_steps) is False
 

@@ -5,7 +5,9 @@ Each step, as documented by Machado et al. (2018) and the Nature DQN paper, and 
 - ``frame_skip``: each action repeated this many frames, the observation the max of the last two
   (removes flicker);
 - ``screen_size``: frames converted to grayscale and resized to ``screen_size`` x ``screen_size``;
-- ``frame_stack``: the last this-many frames stacked channel-first, uint8 ``[frame_stack, 84, 84]``;
+- ``frame_stack``: the last this-many frames stacked channel-first, uint8 ``[frame_stack, 84, 84]``,
+  the first frame repeated after a reset (``FrameStack``: gymnasium's FrameStackObservation
+  builds and deep-copies the stack each step, three times the copying);
 - sticky actions: the ``ALE/...-v5`` ids repeat the previous action with probability 0.25 (v5's
   definition); the ``...NoFrameskip-v4`` ids have none. ``repeat_action_probability=`` overrides;
 - ``episodic_life``: a life loss ends the episode for learning, and the game goes on from there
@@ -14,10 +16,15 @@ Each step, as documented by Machado et al. (2018) and the Nature DQN paper, and 
   return stays the whole game's score (off by default);
 - ``fire_reset``: press FIRE after reset, for games that wait for it (off by default).
 Rewards are left raw here: clipping belongs in the learner, so logged returns are game scores.
+The ALE env under the preprocessing renders grayscale: the preprocessing reads the screen from the
+emulator itself, and an RGB frame converted for nothing after every emulated frame cost 8% of a
+Pong step (``render()`` still gives RGB).
 """
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import batch_space
 
 
 def is_atari_id(env_id: str) -> bool:
@@ -76,17 +83,40 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
+class FrameStack(gym.Wrapper):
+    """The last ``k`` observations, oldest first, as one array ``[k, *obs_shape]``; after a reset
+    the first observation fills the stack. Each step shifts the stack by one in place and
+    returns a copy (the caller may keep it)."""
+
+    def __init__(self, env: gym.Env, k: int):
+        super().__init__(env)
+        self.observation_space = batch_space(env.observation_space, k)
+        self.frames = np.zeros(self.observation_space.shape, self.observation_space.dtype)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.frames[:-1] = self.frames[1:]
+        self.frames[-1] = obs
+        return self.frames.copy(), reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.frames[:] = obs
+        return self.frames.copy(), info
+
+
 def make_atari(env_id: str, *, frame_skip: int = 4, noop_max: int = 30, screen_size: int = 84,
                frame_stack: int = 4, episodic_life: bool = False, fire_reset: bool = False,
                **make_kwargs) -> gym.Env:
     """An ALE env with the DeepMind preprocessing; ``make_kwargs`` go to ``gym.make``."""
     if not register():
         raise ImportError(f"{env_id!r} needs ale-py: pip install 'asyncrl[atari]'")
-    env = gym.make(env_id, frameskip=1, **make_kwargs)  # frame skipping is done below, with max-pooling
+    # frame skipping is done below, with max-pooling; the preprocessing reads grayscale screens
+    env = gym.make(env_id, frameskip=1, **{"obs_type": "grayscale", **make_kwargs})
     env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=frame_skip,
                                           screen_size=screen_size)
     if episodic_life:
         env = EpisodicLife(env)
     if fire_reset:
         env = FireReset(env)
-    return gym.wrappers.FrameStackObservation(env, frame_stack)
+    return FrameStack(env, frame_stack)

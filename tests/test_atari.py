@@ -133,3 +133,29 @@ def test_episodic_life_ends_learning_episodes_but_not_the_game():
     assert game_overs[-1] and not any(game_overs[:-1])
     assert len(game_overs) == 5 and lives_at_end[:-1] == [4, 3, 2, 1]
     env.close()
+
+
+def test_same_observations_as_gymnasiums_reference_wrappers():
+    """The ALE env renders grayscale and the stack is our own (both for speed): the observations,
+    rewards and ends must equal gymnasium's reference pipeline (RGB ALE env, AtariPreprocessing,
+    FrameStackObservation) step for step, across resets."""
+    import gymnasium as gym
+    from asyncrl.envs.atari import make_atari, register
+    register()
+    ours = make_atari("ALE/Pong-v5", noop_max=30)
+    ref = gym.wrappers.FrameStackObservation(gym.wrappers.AtariPreprocessing(
+        gym.make("ALE/Pong-v5", frameskip=1, obs_type="rgb"), noop_max=30), 4)
+    assert ours.observation_space == ref.observation_space
+    rng = np.random.default_rng(0)
+    for episode in range(2):
+        a, _ = ours.reset(seed=episode)
+        b, _ = ref.reset(seed=episode)
+        np.testing.assert_array_equal(a, b)
+        for _ in range(200):
+            action = int(rng.integers(ours.action_space.n))
+            a, *rest_a = ours.step(action)
+            b, *rest_b = ref.step(action)
+            np.testing.assert_array_equal(a, b)
+            assert rest_a[:3] == rest_b[:3]
+    ours.close()
+    ref.close()
