@@ -90,8 +90,8 @@ class Config:
     hidden_sizes: Tuple[int, ...] = _f((64, 64), "Hidden layer widths of the MLP (vector obs).")
     activation: str = _f("tanh", 'MLP activation: "tanh" or "relu".')
     cnn: str = _f("nature", 'Encoder of uint8 image obs: "nature" (Mnih et al. 2015: 3 convolutions '
-                  '+ 512 units) or "tiny" (1 convolution + 64 units: for throughput tests, where '
-                  'learning should cost next to nothing).')
+                  '+ 512 units) or "tiny" (every 4th pixel + 64 units: for throughput tests, where '
+                  'inference and learning cost next to nothing).')
 
     # --- logging ----------------------------------------------------------------------------
     verbose: int = _f(1, "0: silent; 1: console summary every log_interval seconds.")

@@ -278,11 +278,11 @@ class Learner:
         cfg = self.cfg
         T, B = batch.actions.shape
         obs = batch.obs.flatten(0, 1)  # [(T+1)*B, ...]
-        if self.model.image:  # scaled once here, not once per minibatch and epoch
-            if self.scaled_obs is None or self.scaled_obs.shape != obs.shape:
-                self.scaled_obs = torch.empty(obs.shape, device=obs.device,
-                                              memory_format=torch.channels_last)
-            obs = self.model.actor_body.scale(obs, out=self.scaled_obs)
+        if self.model.image:  # scaled once here (into a reused buffer), not per minibatch and epoch
+            out = self.scaled_obs
+            if out is not None and out.shape[0] != obs.shape[0]:
+                out = None
+            obs = self.scaled_obs = self.model.actor_body.scale(obs, out=out)
         obs_steps = obs[:T * B]
         actions = batch.actions.flatten()
         lag = (self.version - batch.policy_versions).float()

@@ -8,9 +8,10 @@
    (all epochs, one torch thread, after one warm-up update), each measured alone; ideal FPS =
    cores / their sum.
 2. asyncrl: steady training FPS with the Atari defaults (2 workers x 8 envs), after a warm-up;
-   with --sweep also other worker/env layouts; with --tiny also 2x8 asynchronous with a
-   one-convolution CNN (cnn="tiny"), where learning costs next to nothing, against the raw
-   rate; with --async also 2x8 asynchronous (algo="appo") where the defaults (on a CPU) train
+   with --sweep also other worker/env layouts; with --tiny also 2x8 asynchronous with the tiny
+   model (cnn="tiny": every 4th pixel and 64 units, whose inference and learning cost next to
+   nothing, so the run measures the engine's own overhead; learner_threads=1, the cores belong
+   to sampling), against the raw rate and the tiny model's own ideal; with --async also 2x8 asynchronous (algo="appo") where the defaults (on a CPU) train
    synchronously, and with --nice N also that with sampler_nice=N. Peak PSS of the process
    tree.
 3. Sample Factory 2.1.1 (--sf; needs ../shared/bench/sample_factory/install.sh): its Atari preset
@@ -58,9 +59,9 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
         forward = model.fused_forward()
         sample_actions(*forward(obs))
         t0 = time.perf_counter()
-        for _ in range(20):
+        for _ in range(100):
             sample_actions(*forward(obs))
-    inference_cost = (time.perf_counter() - t0) / (20 * 8)
+    inference_cost = (time.perf_counter() - t0) / (100 * 8)
     T, B = cfg.rollout, cfg.batch_size // cfg.rollout
     no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None,
                                     "ring_all": lambda: None})
@@ -118,17 +119,21 @@ def main() -> None:
     if args.sweep:
         variants.update({f"{w}x{e}": dict(num_workers=w, num_envs_per_worker=e)
                          for w, e in ((2, 4), (4, 4), (2, 16))})
+    tiny_cfg = Config.from_kwargs(with_defaults({"cnn": "tiny"}, atari=True, cpu_only=True))
+    tiny_name = "2x8 tiny model, asynchronous, learner_threads=1"
     if args.tiny:
-        variants["2x8 tiny CNN, asynchronous"] = dict(cnn="tiny", algo="appo")
+        variants[tiny_name] = dict(cnn="tiny", algo="appo", learner_threads=1)
     if args.asynchronous and cfg.algo != "appo":
         variants["2x8 asynchronous (algo=appo)"] = dict(algo="appo")
     if args.nice is not None:
         variants[f"2x8 asynchronous, sampler_nice={args.nice}"] = dict(algo="appo",
                                                                      sampler_nice=args.nice)
-    res = {"raw": [], "costs": [], "asyncrl": {k: [] for k in variants}, "sf": []}
+    res = {"raw": [], "costs": [], "costs_tiny": [], "asyncrl": {k: [] for k in variants}, "sf": []}
     for r in range(args.repeats):
         res["raw"].append(raw_env_rate(args.env, processes=cores, seconds=10.0))
         res["costs"].append(per_step_costs(args.env, cfg))
+        if args.tiny:
+            res["costs_tiny"].append(per_step_costs(args.env, tiny_cfg))
         for k, kwargs in variants.items():
             kwargs = {"num_workers": 2, "num_envs_per_worker": 8, **kwargs}
             res["asyncrl"][k].append(steady_fps(args.env, warmup=args.warmup, seconds=args.seconds,
@@ -154,13 +159,21 @@ def main() -> None:
     for name, v in rows:
         print(f"| {name} | {v:,.0f} | {v * FRAME_SKIP:,.0f} |")
     print("\nper-step costs, core-ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in costs.items()))
+    if args.tiny:
+        costs_tiny = {k: med(c[k] for c in res["costs_tiny"]) for k in res["costs_tiny"][0]}
+        ideal_tiny = cores / sum(costs_tiny.values())
+        print("tiny model per-step costs, core-ms: "
+              + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in costs_tiny.items())
+              + f"; its ideal {ideal_tiny:,.0f} env steps/s")
     peak = med(x["peak_pss_gib"] for x in res["asyncrl"]["2x8"])
     print(f"asyncrl / ideal {main_fps / ideal:.2f}; asyncrl / raw {main_fps / raw:.3f}"
           + (f"; asyncrl / Sample Factory {main_fps / sf:.2f}" if sf else "; Sample Factory: not run (--sf)")
           + f"; asyncrl peak PSS {peak:.2f} GiB"
-          + (f"; tiny CNN / raw {fps['2x8 tiny CNN, asynchronous'] / raw:.2f}" if args.tiny else ""))
+          + (f"; tiny model / raw {fps[tiny_name] / raw:.2f}, / its ideal {fps[tiny_name] / ideal_tiny:.2f}"
+             if args.tiny else ""))
     with open(args.json, "w") as f:
-        json.dump({"cores": cores, "ideal": ideal, "costs": costs, **res}, f, indent=1, default=str)
+        json.dump({"cores": cores, "ideal": ideal, "costs": costs,
+                   **({"ideal_tiny": ideal_tiny} if args.tiny else {}), **res}, f, indent=1, default=str)
     try:
         import matplotlib
         matplotlib.use("Agg")

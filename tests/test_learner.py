@@ -94,7 +94,7 @@ def test_lagged_samples_keep_their_gradient_with_the_decoupled_clip(decoupled):
     assert stats["clip_fraction"] == (0.0 if decoupled else 1.0)
 
 
-@pytest.mark.parametrize("cnn, num_convs", [("nature", 3), ("tiny", 1)])
+@pytest.mark.parametrize("cnn, num_convs", [("nature", 3), ("tiny", 0)])
 def test_image_env_trains_in_serial_mode_with_uint8_obs(cnn, num_convs):
     with APPO(custom_envs.tiny_image_env, num_workers=1, num_envs_per_worker=2, rollout=8,
               batch_size=16, minibatch_size=8, serial_mode=True, seed=0, verbose=0, cnn=cnn) as model:
