@@ -67,9 +67,14 @@ class Queues:
                 self.report.fifo]
 
     def ring_all(self) -> None:
-        """Wake every rollout worker: free slots were returned."""
-        for pipe in self.action_ready:
-            pipe.ring()
+        """Wake every rollout worker: free slots were returned. The first one woken tends to take
+        them all, so the order rotates: in a fixed order, with the learner the bottleneck,
+        worker 0 took nearly every freed slot and the other workers' envs sampled a fraction as
+        much (their share of the data with them)."""
+        n = len(self.action_ready)
+        self.rings = getattr(self, "rings", 0) + 1  # per process: each ringer rotates its own
+        for i in range(n):
+            self.action_ready[(self.rings + i) % n].ring()
 
     def close(self) -> None:
         for q in [*self.policy_request, self.full_slot, self.report, self.free_slot,
