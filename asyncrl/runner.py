@@ -60,6 +60,7 @@ class Queues:
         self.report = ipc.BelledQueue(faster_fifo.Queue(10_000_000))
         self.action_ready = [ipc.BytePipe() for _ in range(cfg.num_workers)]
         self.free_slot = faster_fifo.Queue(1_000_000)  # rollout workers take without waiting
+        self.rings = 0  # ring_all calls in this process
 
     def all(self) -> list:
         """The faster-fifo queues (whose locks a dead process may hold)."""
@@ -72,7 +73,7 @@ class Queues:
         worker 0 took nearly every freed slot and the other workers' envs sampled a fraction as
         much (their share of the data with them)."""
         n = len(self.action_ready)
-        self.rings = getattr(self, "rings", 0) + 1  # per process: each ringer rotates its own
+        self.rings += 1
         for i in range(n):
             self.action_ready[(self.rings + i) % n].ring()
 
