@@ -75,7 +75,9 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
     batch = Batch(torch.randint(0, 256, (T + 1, B, *env.observation_space.shape), dtype=torch.uint8),
                   torch.randint(0, env.action_space.n, (T, B)), torch.full((T, B), -1.8),
                   torch.zeros(T, B), torch.zeros(T, B, dtype=torch.bool),
-                  torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64))
+                  torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64),
+                  # synchronous PPO: every sample is the current weights', their values recorded
+                  torch.zeros(T, B) if cfg.algo == "ppo" else None)
     keep_freed_memory()  # as the learner's process does
     learner.train_on(batch)  # warm-up: oneDNN builds its kernels, buffers are allocated
     t0 = time.perf_counter()

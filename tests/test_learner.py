@@ -157,3 +157,28 @@ def test_frames_scaled_into_a_reused_buffer_equal_a_fresh_scale():
     assert out.data_ptr() == buf.data_ptr() and out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, frames.float() / 255.0, rtol=0, atol=1e-7)
     torch.testing.assert_close(NatureCNN.scale(frames), out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("lagged", [False, True])
+def test_targets_reuse_the_policy_workers_values_only_for_samples_of_these_weights(lagged):
+    """Samples drawn by the learner's current weights (synchronous PPO): the recorded
+    log-probabilities and values are the model's own, so targets() evaluates only the B bootstrap
+    observations and gets the targets of a full pass. One sample of an older version (or no
+    recorded values) and the whole batch is evaluated again."""
+    learner = make_learner()
+    learner.version = 0
+    batch = on_policy_batch(learner, done_at=(2, 1), truncated=True)
+    obs = batch.obs.flatten(0, 1)
+    full = learner.targets(batch, obs)
+    with torch.no_grad():
+        recorded = learner.model(obs[:T * B])[1].view(T, B)
+    versions = torch.zeros(T, B, dtype=torch.int64)
+    versions[0, 0] = -1 if lagged else 0
+    batch = batch._replace(values=recorded, policy_versions=versions)
+    seen = []
+    hook = learner.model.register_forward_hook(lambda m, args, out: seen.append(len(args[0])))
+    reused = learner.targets(batch, obs)
+    hook.remove()
+    assert sum(seen) == ((T + 1) * B if lagged else B)
+    for a, b in zip(full, reused):
+        torch.testing.assert_close(a, b)
