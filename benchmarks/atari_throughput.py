@@ -11,9 +11,9 @@
    with --sweep also other worker/env layouts; with --tiny also 2x8 asynchronous with the tiny
    model (cnn="tiny": every 4th pixel and 64 units, whose inference and learning cost next to
    nothing, so the run measures the engine's own overhead; learner_threads=1, the cores belong
-   to sampling), against the raw rate and the tiny model's own ideal; with --async also 2x8 asynchronous (algo="appo") where the defaults (on a CPU) train
-   synchronously, and with --nice N also that with sampler_nice=N. Peak PSS of the process
-   tree.
+   to sampling), against the raw rate and the tiny model's own ideal; with --async also 2x8
+   asynchronous (algo="appo") where the defaults (on a CPU) train synchronously, and with
+   --nice N also that with sampler_nice=N. Peak PSS of the process tree.
 3. Sample Factory 2.1.1 (--sf; needs ../shared/bench/sample_factory/install.sh): its Atari preset
    for the same time, through that folder's run.sh.
 Frames = env steps x frame skip (4). Medians over --repeats.

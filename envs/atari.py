@@ -6,8 +6,8 @@ Each step, as documented by Machado et al. (2018) and the Nature DQN paper, and 
   (removes flicker);
 - ``screen_size``: frames converted to grayscale and resized to ``screen_size`` x ``screen_size``;
 - ``frame_stack``: the last this-many frames stacked channel-first, uint8 ``[frame_stack, 84, 84]``,
-  the first frame repeated after a reset (``FrameStack``: gymnasium's FrameStackObservation
-  builds and deep-copies the stack each step, three times the copying);
+  the first frame repeated after a reset (``FrameStack``, shifted in place; gymnasium's
+  FrameStackObservation concatenates its deque into a stack and deep-copies that, each step);
 - sticky actions: the ``ALE/...-v5`` ids repeat the previous action with probability 0.25 (v5's
   definition); the ``...NoFrameskip-v4`` ids have none. ``repeat_action_probability=`` overrides;
 - ``episodic_life``: a life loss ends the episode for learning, and the game goes on from there
