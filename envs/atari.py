@@ -16,9 +16,9 @@ Each step, as documented by Machado et al. (2018) and the Nature DQN paper, and 
   return stays the whole game's score (off by default);
 - ``fire_reset``: press FIRE after reset, for games that wait for it (off by default).
 Rewards are left raw here: clipping belongs in the learner, so logged returns are game scores.
-The ALE env under the preprocessing renders grayscale: the preprocessing reads the screen from the
-emulator itself, and an RGB frame converted for nothing after every emulated frame cost 8% of a
-Pong step (``render()`` still gives RGB).
+The ALE env under the preprocessing renders grayscale (``render()`` still gives RGB), and the
+preprocessing steps the emulator directly (``Preprocessing``): together 0.333 -> 0.254 ms per
+Pong step, with the same observations as gymnasium's wrappers.
 """
 from __future__ import annotations
 
@@ -105,6 +105,42 @@ class FrameStack(gym.Wrapper):
         return self.frames.copy(), info
 
 
+class Preprocessing(gym.wrappers.AtariPreprocessing):
+    """gymnasium's AtariPreprocessing (no-op reset; frame skip, max-pooling the last two frames;
+    grayscale; resize), stepping the emulator directly. Through the ALE env's own step, every
+    emulated frame went through three Python layers and produced an observation nobody reads:
+    15% of a Pong step. Observations, rewards, ends and infos equal gymnasium's step for step
+    (tested). Where the env below is not a plain discrete ale-py ``AtariEnv`` without frame
+    skip, or lacks what this relies on, gymnasium's step runs."""
+
+    def __init__(self, env: gym.Env, **kwargs):
+        super().__init__(env, **kwargs)
+        base = env.unwrapped
+        self.direct = (self.grayscale_obs and not self.terminal_on_life_loss
+                       and getattr(base, "_frameskip", None) == 1
+                       and getattr(base, "continuous", True) is False
+                       and hasattr(base, "_action_set") and hasattr(base, "_get_info"))
+
+    def step(self, action):
+        if not self.direct:
+            return super().step(action)
+        base, ale = self.env.unwrapped, self.ale
+        action_id = base._action_set[action]
+        total_reward, terminated, truncated = 0.0, False, False
+        for t in range(self.frame_skip):
+            total_reward += ale.act(action_id, 1.0)
+            terminated = ale.game_over(with_truncation=False)
+            truncated = ale.game_truncated()
+            self.game_over = terminated
+            if terminated or truncated:
+                break
+            if t == self.frame_skip - 2:
+                ale.getScreenGrayscale(self.obs_buffer[1])
+            elif t == self.frame_skip - 1:
+                ale.getScreenGrayscale(self.obs_buffer[0])
+        return self._get_obs(), total_reward, terminated, truncated, base._get_info()
+
+
 def make_atari(env_id: str, *, frame_skip: int = 4, noop_max: int = 30, screen_size: int = 84,
                frame_stack: int = 4, episodic_life: bool = False, fire_reset: bool = False,
                **make_kwargs) -> gym.Env:
@@ -113,8 +149,7 @@ def make_atari(env_id: str, *, frame_skip: int = 4, noop_max: int = 30, screen_s
         raise ImportError(f"{env_id!r} needs ale-py: pip install 'asyncrl[atari]'")
     # frame skipping is done below, with max-pooling; the preprocessing reads grayscale screens
     env = gym.make(env_id, frameskip=1, **{"obs_type": "grayscale", **make_kwargs})
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=frame_skip,
-                                          screen_size=screen_size)
+    env = Preprocessing(env, noop_max=noop_max, frame_skip=frame_skip, screen_size=screen_size)
     if episodic_life:
         env = EpisodicLife(env)
     if fire_reset:
