@@ -18,7 +18,7 @@ from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
 from .env_utils import eval_env_factory, make_env_factory, probe_env, storage_dtype
 from .fileio import atomic_torch_save, make_scratch_dir
-from .learner import rng_path
+from .learner import make_optimizer, rng_path
 from .logger import TrainLogger
 from .models import ActorCritic
 from .runner import Runner
@@ -245,9 +245,7 @@ class APPO:
     def _optimizer_state(self) -> dict:
         if os.path.exists(self._optimizer_path):
             return torch.load(self._optimizer_path, map_location="cpu")
-        cfg = self.config  # not trained yet: a fresh optimizer's state
-        return torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate,
-                                eps=cfg.adam_eps).state_dict()
+        return make_optimizer(self.policy, self.config).state_dict()  # not trained yet: fresh
 
     def set_parameters(self, load_path_or_dict: Union[dict, str, os.PathLike],
                        exact_match: bool = True, device: str = "auto") -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
@@ -90,7 +91,7 @@ class Config:
     hidden_sizes: Tuple[int, ...] = _f((64, 64), "Hidden layer widths of the MLP (vector obs).")
     activation: str = _f("tanh", 'MLP activation: "tanh" or "relu".')
     cnn: str = _f("nature", 'Encoder of uint8 image obs: "nature" (Mnih et al. 2015: 3 convolutions '
-                  '+ 512 units) or "tiny" (every 4th pixel + 64 units: for throughput tests, where '
+                  '+ 512 units) or "tiny" (every 8th pixel + 32 units: for throughput tests, where '
                   'inference and learning cost next to nothing).')
 
     # --- logging ----------------------------------------------------------------------------
@@ -268,18 +269,38 @@ ATARI_BATCH_SIZE = 1024  # rounded to a multiple of the slot size
 # ... and with no GPU to learn on: synchronous (as Sample Factory's Atari preset, async_rl=False).
 # The CNN's backward pass is then the bottleneck, and it runs fastest with the cores to itself:
 # sampling and learning in turn beat sampling beside learning, and the policy lag is 0. Rollout 64:
-# 2 workers x 8 envs make CleanRL's batch of 1024.
+# 16 envs make CleanRL's batch of 1024.
 ATARI_CPU_DEFAULTS = dict(algo="ppo", rollout=64)
+# While they sample, synchronously, the rollout and policy workers have the cores to themselves:
+# with two cores, one rollout worker of 16 envs and the policy worker take one each, where two
+# rollout workers of 8 and the policy worker preempt one another (Pong, 2 cores, side by side:
+# see README). The same 16 envs and batch, so learning is the same. With more cores, 2 x 8.
+ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 
 
-def with_defaults(kwargs: dict, atari: bool = False, cpu_only: bool = False) -> dict:
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset
+    narrow; os.cpu_count() counts the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def with_defaults(kwargs: dict, atari: bool = False, cpu_only: bool = False,
+                  cores: Optional[int] = None) -> dict:
     """The caller's keywords, over the values that the env family and the algorithm variant imply:
     Atari gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
-    the caller chose no ``algo``); IMPALA trains one epoch per batch; synchronous PPO's batch is
-    one rollout of every env. What the caller sets always wins."""
+    the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
+    ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
+    ``num_envs_per_worker``); IMPALA trains one epoch per batch; synchronous PPO's batch is one
+    rollout of every env. What the caller sets always wins."""
     preset = dict(ATARI_DEFAULTS) if atari else {}
     if atari and cpu_only and "algo" not in kwargs:
         preset.update(ATARI_CPU_DEFAULTS)
+        if ("num_workers" not in kwargs and "num_envs_per_worker" not in kwargs
+                and (available_cores() if cores is None else cores) <= 2):
+            preset.update(ATARI_CPU_FEW_CORES_LAYOUT)
     merged = {**preset, **kwargs}
     algo = merged.get("algo", "appo")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}

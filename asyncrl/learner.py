@@ -95,6 +95,16 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
 
 
+def make_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    """The learner's Adam: the fused kernel where torch has it for the device (~7% faster per
+    update on a CPU, torch >= 2.4)."""
+    try:
+        return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
+                                fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+
+
 class Learner:
     def __init__(self, cfg: Config, obs_space, action_space, device: str, buffers: TrajectoryBuffers,
                  weights: SharedWeights, hparams: SharedHyperParams, ctl: SharedControl, queues,
@@ -125,12 +135,7 @@ class Learner:
             torch.manual_seed(cfg.seed + 20_000)
         self.model = ActorCritic(self.obs_space, self.action_space, cfg).to(self.device)
         self.version, _ = self.weights.load(self.model)
-        try:  # the fused kernel is ~7% faster per update on a CPU (torch >= 2.4)
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
-                                              eps=cfg.adam_eps, fused=True)
-        except (RuntimeError, TypeError):
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
-                                              eps=cfg.adam_eps)
+        self.optimizer = make_optimizer(self.model, cfg)
         self._load_optimizer()
         self.gather = BatchGatherer(self.buffers, cfg.slots_per_batch, self.device)
         # The first batch also waits for env construction and the policy worker's start-up.

@@ -1,17 +1,20 @@
 """Atari training throughput against the machine's ceiling and Sample Factory, in one run.
 
     python benchmarks/atari_throughput.py [--env ALE/Pong-v5] [--seconds 90] [--repeats 1]
-        [--sweep] [--tiny] [--async] [--nice N] [--sf] [--json atari.json] [--png atari.png]
+        [--layouts 2x8,...] [--sweep] [--tiny] [--async] [--nice N] [--sf] [--json atari.json]
+        [--png atari.png]
 
 1. Ceiling: (a) raw simulation, random actions, DeepMind preprocessing, one process per core;
-   (b) core-seconds per env step of env stepping, batched inference (8 obs a call) and learning
+   (b) core-seconds per env step of env stepping, batched inference (a group's envs a call) and learning
    (all epochs, one torch thread, after one warm-up update), each measured alone; ideal FPS =
    cores / their sum.
-2. asyncrl: steady training FPS with the Atari defaults (2 workers x 8 envs), after a warm-up;
-   with --sweep also other worker/env layouts; with --tiny also 2x8 asynchronous with the tiny
-   model (cnn="tiny": every 4th pixel and 64 units, whose inference and learning cost next to
+2. asyncrl: steady training FPS with the Atari defaults (on a CPU synchronous; on two cores 1
+   worker x 16 envs, on more 2 x 8), after a warm-up; with --layouts W x E layouts beside them
+   (--sweep: 2x4, 2x8, 4x4 and 2x16); with --tiny also 2x32 asynchronous with the tiny
+   model (cnn="tiny": every 8th pixel and 32 units, whose inference and learning cost next to
    nothing, so the run measures the engine's own overhead; learner_threads=1, the cores belong
-   to sampling), against the raw rate and the tiny model's own ideal; with --async also 2x8
+   to sampling; groups of 16 envs), against the raw rate and the tiny model's own ideal (its
+   costs measured with that configuration); with --async also 2x8
    asynchronous (algo="appo") where the defaults (on a CPU) train synchronously, and with
    --nice N also that with sampler_nice=N. Peak PSS of the process tree.
 3. Sample Factory 2.1.1 (--sf; needs ../shared/bench/sample_factory/install.sh): its Atari preset
@@ -33,9 +36,9 @@ from _common import raw_env_rate, steady_fps
 
 from asyncrl import Config
 from asyncrl.buffers import SharedControl
-from asyncrl.config import with_defaults
+from asyncrl.config import available_cores, with_defaults
 from asyncrl.envs import make_env
-from asyncrl.learner import Batch, Learner, keep_freed_memory
+from asyncrl.learner import Batch, Learner, keep_freed_memory, make_optimizer
 from asyncrl.models import ActorCritic, sample_actions
 
 FRAME_SKIP = 4
@@ -54,14 +57,15 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
             env.reset()
     env_cost = (time.perf_counter() - t0) / n
     model = ActorCritic(env.observation_space, env.action_space, cfg)
-    obs = torch.randint(0, 256, (8, *env.observation_space.shape), dtype=torch.uint8)
+    n = cfg.envs_per_group  # a policy worker's batch: at least one group's envs
+    obs = torch.randint(0, 256, (n, *env.observation_space.shape), dtype=torch.uint8)
     with torch.inference_mode():
         forward = model.fused_forward()
         sample_actions(*forward(obs))
         t0 = time.perf_counter()
         for _ in range(100):
             sample_actions(*forward(obs))
-    inference_cost = (time.perf_counter() - t0) / (100 * 8)
+    inference_cost = (time.perf_counter() - t0) / (100 * n)
     T, B = cfg.rollout, cfg.batch_size // cfg.rollout
     no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None,
                                     "ring_all": lambda: None})
@@ -71,7 +75,7 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
                       serial=True)
     learner.model = model
     learner.version = 0
-    learner.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+    learner.optimizer = make_optimizer(model, cfg)  # the learner's own (fused Adam)
     batch = Batch(torch.randint(0, 256, (T + 1, B, *env.observation_space.shape), dtype=torch.uint8),
                   torch.randint(0, env.action_space.n, (T, B)), torch.full((T, B), -1.8),
                   torch.zeros(T, B), torch.zeros(T, B, dtype=torch.bool),
@@ -105,8 +109,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=90.0, help="per asyncrl or SF measurement")
     ap.add_argument("--warmup", type=float, default=30.0)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--sweep", action="store_true", help="also 2x4, 4x4 and 2x16 layouts")
-    ap.add_argument("--tiny", action="store_true", help="also 2x8 asynchronous with cnn='tiny'")
+    ap.add_argument("--layouts", default="", help="also these workers x envs layouts (2x8,...)")
+    ap.add_argument("--sweep", action="store_true", help="also 2x4, 2x8, 4x4 and 2x16 layouts")
+    ap.add_argument("--tiny", action="store_true", help="also 2x32 asynchronous with cnn='tiny'")
     ap.add_argument("--async", dest="asynchronous", action="store_true",
                     help="also 2x8 with algo='appo' (asynchronous), if the defaults are not")
     ap.add_argument("--nice", type=int, default=None,
@@ -115,21 +120,29 @@ def main() -> None:
     ap.add_argument("--json", default="atari_throughput.json")
     ap.add_argument("--png", default="atari_throughput.png")
     args = ap.parse_args()
-    cores = os.cpu_count()
+    cores = available_cores()
     cfg = Config.from_kwargs(with_defaults({}, atari=True, cpu_only=True))
-    variants = {"2x8": {}}  # name: APPO keywords over the Atari defaults
-    if args.sweep:
-        variants.update({f"{w}x{e}": dict(num_workers=w, num_envs_per_worker=e)
-                         for w, e in ((2, 4), (4, 4), (2, 16))})
-    tiny_cfg = Config.from_kwargs(with_defaults({"cnn": "tiny"}, atari=True, cpu_only=True))
-    tiny_name = "2x8 tiny model, asynchronous, learner_threads=1"
+    defaults_name = f"{cfg.num_workers}x{cfg.num_envs_per_worker}, Atari defaults (algo={cfg.algo})"
+    variants = {defaults_name: {}}  # name: APPO keywords over the Atari defaults
+    layouts = [x for x in args.layouts.split(",") if x] + (["2x4", "2x8", "4x4", "2x16"] if args.sweep else [])
+    for layout in dict.fromkeys(layouts):
+        w, _, e = layout.partition("x")
+        if (int(w), int(e)) != (cfg.num_workers, cfg.num_envs_per_worker):
+            variants[layout] = dict(num_workers=int(w), num_envs_per_worker=int(e))
+    # The tiny model: the rollout workers are the bottleneck, so the cores go to sampling (one
+    # learner thread) and 16 envs a group spread each message's cost over more steps.
+    tiny_kwargs = dict(cnn="tiny", algo="appo", learner_threads=1, num_workers=2,
+                       num_envs_per_worker=32)
+    tiny_cfg = Config.from_kwargs(with_defaults(tiny_kwargs, atari=True, cpu_only=True))
+    tiny_name = "2x32 tiny model, asynchronous, learner_threads=1"
     if args.tiny:
-        variants[tiny_name] = dict(cnn="tiny", algo="appo", learner_threads=1)
+        variants[tiny_name] = tiny_kwargs
     if args.asynchronous and cfg.algo != "appo":
-        variants["2x8 asynchronous (algo=appo)"] = dict(algo="appo")
+        variants["2x8 asynchronous (algo=appo)"] = dict(algo="appo", num_workers=2,
+                                                        num_envs_per_worker=8)
     if args.nice is not None:
-        variants[f"2x8 asynchronous, sampler_nice={args.nice}"] = dict(algo="appo",
-                                                                     sampler_nice=args.nice)
+        variants[f"2x8 asynchronous, sampler_nice={args.nice}"] = dict(
+            algo="appo", sampler_nice=args.nice, num_workers=2, num_envs_per_worker=8)
     res = {"raw": [], "costs": [], "costs_tiny": [], "asyncrl": {k: [] for k in variants}, "sf": []}
     for r in range(args.repeats):
         res["raw"].append(raw_env_rate(args.env, processes=cores, seconds=10.0))
@@ -137,7 +150,6 @@ def main() -> None:
         if args.tiny:
             res["costs_tiny"].append(per_step_costs(args.env, tiny_cfg))
         for k, kwargs in variants.items():
-            kwargs = {"num_workers": 2, "num_envs_per_worker": 8, **kwargs}
             res["asyncrl"][k].append(steady_fps(args.env, warmup=args.warmup, seconds=args.seconds,
                                                 device="cpu", seed=r, **kwargs))
         if args.sf:
@@ -149,11 +161,10 @@ def main() -> None:
     costs = {k: med(c[k] for c in res["costs"]) for k in res["costs"][0]}
     ideal = cores / sum(costs.values())
     fps = {k: med(x["fps"] for x in v) for k, v in res["asyncrl"].items()}
-    main_fps = fps["2x8"]
+    main_fps = fps[defaults_name]
     rows = [("raw simulation, random actions, %d processes" % cores, raw),
             ("ideal training (cores / per-step costs)", ideal)]
-    rows += [(f"asyncrl {k} (workers x envs)" + (f", Atari defaults (algo={cfg.algo})" if k == "2x8" else ""), v)
-             for k, v in fps.items()]
+    rows += [(f"asyncrl {k} (workers x envs)", v) for k, v in fps.items()]
     sf = med(res["sf"]) / FRAME_SKIP if res["sf"] else None
     if sf:
         rows.append(("Sample Factory 2.1.1, Atari preset, 2x8", sf))
@@ -167,9 +178,11 @@ def main() -> None:
         print("tiny model per-step costs, core-ms: "
               + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in costs_tiny.items())
               + f"; its ideal {ideal_tiny:,.0f} env steps/s")
-    peak = med(x["peak_pss_gib"] for x in res["asyncrl"]["2x8"])
+    peak = med(x["peak_pss_gib"] for x in res["asyncrl"][defaults_name])
+    sf_layout = fps.get("2x8")  # Sample Factory's workers x envs, where the defaults differ
     print(f"asyncrl / ideal {main_fps / ideal:.2f}; asyncrl / raw {main_fps / raw:.3f}"
           + (f"; asyncrl / Sample Factory {main_fps / sf:.2f}" if sf else "; Sample Factory: not run (--sf)")
+          + (f" (asyncrl 2x8, its layout: {sf_layout / sf:.2f})" if sf and sf_layout else "")
           + f"; asyncrl peak PSS {peak:.2f} GiB"
           + (f"; tiny model / raw {fps[tiny_name] / raw:.2f}, / its ideal {fps[tiny_name] / ideal_tiny:.2f}"
              if args.tiny else ""))

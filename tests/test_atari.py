@@ -100,12 +100,21 @@ def test_atari_defaults_apply_to_ale_ids_and_yield_to_the_caller():
     for name, value in ATARI_DEFAULTS.items():
         assert getattr(cfg, name) == value, name
     assert cfg.algo == "appo" and cfg.batch_size == 1024 and cfg.batch_size % cfg.slot_size == 0
-    # On a CPU: synchronous, one rollout of the 2 x 8 envs = CleanRL's batch of 1024.
-    with APPO("ALE/Pong-v5", verbose=0, device="cpu") as model:
-        cfg = model.config
+    # On a CPU: synchronous, one rollout of 16 envs = CleanRL's batch of 1024; on two cores one
+    # rollout worker of 16 envs, on more two of 8, unless the caller chose a layout.
+    for cores, layout in ((1, (1, 16)), (2, (1, 16)), (4, (2, 8)), (64, (2, 8))):
+        cfg = Config.from_kwargs(with_defaults({}, atari=True, cpu_only=True, cores=cores))
         for name, value in {**ATARI_DEFAULTS, **ATARI_CPU_DEFAULTS}.items():
             assert getattr(cfg, name) == value, name
-        assert cfg.algo == "ppo" and cfg.batch_size == 1024 and cfg.num_slots == 4
+        assert (cfg.num_workers, cfg.num_envs_per_worker) == layout, cores
+        assert cfg.algo == "ppo" and cfg.batch_size == 1024 and cfg.num_slots == 2 * layout[0]
+    cfg = Config.from_kwargs(with_defaults({"num_envs_per_worker": 4}, atari=True, cpu_only=True,
+                                           cores=2))
+    assert (cfg.num_workers, cfg.num_envs_per_worker, cfg.batch_size) == (2, 4, 512)
+    with APPO("ALE/Pong-v5", verbose=0, device="cpu") as model:  # this machine's cores
+        expected = Config.from_kwargs(with_defaults({"device": "cpu", "verbose": 0}, atari=True,
+                                                    cpu_only=True))
+        assert model.config.replace(seed=None) == expected.replace(seed=None)
     with APPO("ALE/Pong-v5", verbose=0, device="cpu", algo="appo") as model:  # asked for
         assert model.config.rollout == 128 and model.config.batch_size == 1024
     with APPO("ALE/Pong-v5", verbose=0, device="cpu", gamma=0.995, num_envs_per_worker=6) as model:
