@@ -5,9 +5,9 @@
         [--png atari.png]
 
 1. Ceiling: (a) raw simulation, random actions, DeepMind preprocessing, one process per core;
-   (b) core-seconds per env step of env stepping, batched inference (a group's envs a call) and learning
-   (all epochs, one torch thread, after one warm-up update), each measured alone; ideal FPS =
-   cores / their sum.
+   (b) core-seconds per env step of env stepping, batched inference (a group's envs a call) and
+   learning (all epochs, one torch thread, after one warm-up update), each measured alone; ideal
+   FPS = cores / their sum.
 2. asyncrl: steady training FPS with the Atari defaults (on a CPU synchronous; on two cores 1
    worker x 16 envs, on more 2 x 8), after a warm-up; with --layouts W x E layouts beside them
    (--sweep: 2x4, 2x8, 4x4 and 2x16); with --tiny also 2x32 asynchronous with the tiny
@@ -124,9 +124,12 @@ def main() -> None:
     cfg = Config.from_kwargs(with_defaults({}, atari=True, cpu_only=True))
     defaults_name = f"{cfg.num_workers}x{cfg.num_envs_per_worker}, Atari defaults (algo={cfg.algo})"
     variants = {defaults_name: {}}  # name: APPO keywords over the Atari defaults
-    layouts = [x for x in args.layouts.split(",") if x] + (["2x4", "2x8", "4x4", "2x16"] if args.sweep else [])
+    layouts = [x for x in args.layouts.split(",") if x]
+    layouts += ["2x4", "2x8", "4x4", "2x16"] if args.sweep else []
     for layout in dict.fromkeys(layouts):
         w, _, e = layout.partition("x")
+        if not (w.isdigit() and e.isdigit()):
+            ap.error(f"--layouts: {layout!r} is not WORKERSxENVS, e.g. 2x8")
         if (int(w), int(e)) != (cfg.num_workers, cfg.num_envs_per_worker):
             variants[layout] = dict(num_workers=int(w), num_envs_per_worker=int(e))
     # The tiny model: the rollout workers are the bottleneck, so the cores go to sampling (one
