@@ -274,7 +274,7 @@ ATARI_CPU_DEFAULTS = dict(algo="ppo", rollout=64)
 # While they sample, synchronously, the rollout and policy workers have the cores to themselves:
 # with two cores, one rollout worker of 16 envs and the policy worker take one each, where two
 # rollout workers of 8 and the policy worker preempt one another (Pong, 2 cores, side by side:
-# see README). The same 16 envs and batch, so learning is the same. With more cores, 2 x 8.
+# see README). The same algorithm, 16 envs and batch. With more cores, 2 x 8.
 ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 
 
