@@ -42,6 +42,7 @@ from asyncrl.learner import Batch, Learner, keep_freed_memory, make_optimizer
 from asyncrl.models import ActorCritic, sample_actions
 
 FRAME_SKIP = 4
+SF_LAYOUT = dict(num_workers=2, num_envs_per_worker=8)  # Sample Factory's Atari preset's
 SF_RUN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "sample_factory", "run.sh")
 
 
@@ -57,15 +58,15 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
             env.reset()
     env_cost = (time.perf_counter() - t0) / n
     model = ActorCritic(env.observation_space, env.action_space, cfg)
-    n = cfg.envs_per_group  # a policy worker's batch: at least one group's envs
-    obs = torch.randint(0, 256, (n, *env.observation_space.shape), dtype=torch.uint8)
+    batch_obs = cfg.envs_per_group  # a policy worker's batch: at least one group's envs
+    obs = torch.randint(0, 256, (batch_obs, *env.observation_space.shape), dtype=torch.uint8)
     with torch.inference_mode():
         forward = model.fused_forward()
         sample_actions(*forward(obs))
         t0 = time.perf_counter()
         for _ in range(100):
             sample_actions(*forward(obs))
-    inference_cost = (time.perf_counter() - t0) / (100 * n)
+    inference_cost = (time.perf_counter() - t0) / (100 * batch_obs)
     T, B = cfg.rollout, cfg.batch_size // cfg.rollout
     no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None,
                                     "ring_all": lambda: None})
@@ -141,11 +142,10 @@ def main() -> None:
     if args.tiny:
         variants[tiny_name] = tiny_kwargs
     if args.asynchronous and cfg.algo != "appo":
-        variants["2x8 asynchronous (algo=appo)"] = dict(algo="appo", num_workers=2,
-                                                        num_envs_per_worker=8)
+        variants["2x8 asynchronous (algo=appo)"] = dict(algo="appo", **SF_LAYOUT)
     if args.nice is not None:
         variants[f"2x8 asynchronous, sampler_nice={args.nice}"] = dict(
-            algo="appo", sampler_nice=args.nice, num_workers=2, num_envs_per_worker=8)
+            algo="appo", sampler_nice=args.nice, **SF_LAYOUT)
     res = {"raw": [], "costs": [], "costs_tiny": [], "asyncrl": {k: [] for k in variants}, "sf": []}
     for r in range(args.repeats):
         res["raw"].append(raw_env_rate(args.env, processes=cores, seconds=10.0))
