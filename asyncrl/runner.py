@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import ast
 import ctypes
 import functools
 import os
@@ -17,6 +18,7 @@ import queue
 import select
 import shutil
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -249,6 +251,46 @@ def check_shm_space(needed: int, path: str = "/dev/shm") -> None:
             f"{free / 2**20:,.1f} MiB free (missing {(needed - 0.9 * free) / 2**20:,.1f} MiB, "
             "keeping a 10% margin). Lower num_envs_per_worker, rollout or batch_size, or give "
             f"{path} more room (docker run --shm-size=8g; mount -o remount,size=8G {path})")
+
+
+def check_main_guard() -> None:
+    """Fail, before any worker starts, when training is started from the top level of the main
+    script outside ``if __name__ == "__main__":``. Workers are spawned, and a spawned process runs
+    the main script's top level again before it unpickles its task: there that call would train
+    anew (and fail), and the parent could hang for good writing the task into the pipe of a child
+    that died before reading it (Python's spawn writes it whole; a task over the pipe's 64 KiB,
+    as with an Atari observation space, blocks). Mirrors what spawn runs again: a script file,
+    not ``python -m pkg`` of a ``__main__`` module, ``-c`` or an interactive session. The call's
+    line is taken from the script's own frame on this thread's stack; a line inside any ``if``
+    that tests ``__name__`` counts as guarded."""
+    main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if not path or not path.endswith(".py") or (
+            spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__"))):
+        return
+    path = os.path.abspath(path)
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>"
+                                     and os.path.abspath(frame.f_code.co_filename) == path):
+        frame = frame.f_back
+    if frame is None:  # called from another thread, or from code the script did not run
+        return
+    line = frame.f_lineno
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.lineno <= line <= node.end_lineno and any(
+                isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test)):
+            return
+    raise RuntimeError(
+        f"training was started at the top level of {path} (line {line}), outside "
+        '`if __name__ == "__main__":`. asyncrl starts its workers with multiprocessing\'s '
+        "'spawn', which runs the script's top level again in each worker, where this would "
+        'start training anew. Put the code that trains under `if __name__ == "__main__":`')
 
 
 class Runner:

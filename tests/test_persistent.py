@@ -137,14 +137,48 @@ def test_closed_model_trains_again_in_new_processes():
     assert os.path.isdir(model._tmpdir)  # close() keeps the optimizer state for later calls
 
 
-def test_script_without_main_guard_gets_a_hint(tmp_path):
+BIG_OBS_ENV = """
+import gymnasium as gym, numpy as np
+class BigObs(gym.Env):  # an Atari-sized Box: its bounds alone make a worker's task > 64 KiB
+    observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+    def reset(self, *, seed=None, options=None):
+        return np.zeros((4, 84, 84), np.uint8), {}
+    def step(self, action):
+        return np.zeros((4, 84, 84), np.uint8), 0.0, False, False, {}
+"""
+
+
+@pytest.mark.parametrize("env", ["'CartPole-v1'", "BigObs"])
+def test_script_without_main_guard_fails_before_any_worker_starts(tmp_path, env):
+    """A script that trains at its top level: spawned workers would run it again. With a large
+    observation space the parent used to hang for good (writing a worker's task into the pipe of
+    a child that had died of it); now it fails at once, naming the line, and starts nothing."""
+    script = tmp_path / "train.py"
+    script.write_text("from asyncrl import APPO\n" + (BIG_OBS_ENV if env == "BigObs" else "")
+                      + f"model = APPO({env}, num_workers=1, device='cpu', verbose=0)\n"
+                      "model.train(1024)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert out.returncode != 0
+    last = out.stderr.splitlines()[-1]
+    assert 'if __name__ == "__main__":' in last and f"{script} (line" in last
+    assert "exited unexpectedly" not in out.stderr and "bootstrapping phase" not in out.stderr
+
+
+def test_script_with_main_guard_trains(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("from asyncrl import APPO\n"
-                      "APPO('CartPole-v1', num_workers=1, device='cpu', verbose=0).train(1024)\n")
+                      "def main():\n"
+                      "    with APPO('CartPole-v1', num_workers=1, device='cpu', verbose=0) as m:\n"
+                      "        m.train(512)\n"
+                      "    print('trained', m.num_timesteps)\n"
+                      "if __name__ == '__main__':\n"
+                      "    main()\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
-    assert out.returncode != 0
-    assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip().splitlines()[-1].split()[1]) >= 512
 
 
 def test_callback_stop_then_train_again():
