@@ -19,7 +19,10 @@
    --nice N also that with sampler_nice=N. Peak PSS of the process tree.
 3. Sample Factory 2.1.1 (--sf; needs ../shared/bench/sample_factory/install.sh): its Atari preset
    for the same time, through that folder's run.sh.
-Frames = env steps x frame skip (4). Medians over --repeats.
+Frames = env steps x frame skip (4). Medians over --repeats. Within a repeat the costs are measured
+just before the defaults row and the raw rate just before the tiny row (or the defaults row), and
+asyncrl / ideal and tiny / raw are also given as the median of the ratios within each repeat: on
+a shared machine the speed drifts between repeats by more than between adjacent measurements.
 """
 from __future__ import annotations
 
@@ -147,24 +150,36 @@ def main() -> None:
         variants[f"2x8 asynchronous, sampler_nice={args.nice}"] = dict(
             algo="appo", sampler_nice=args.nice, **SF_LAYOUT)
     res = {"raw": [], "costs": [], "costs_tiny": [], "asyncrl": {k: [] for k in variants}, "sf": []}
+    # Each ratio is taken within a repeat, its two figures measured next to each other (the
+    # costs just before the defaults row, the raw rate just before the tiny row): a shared
+    # machine's speed drifts by 10-20% over minutes, more than between adjacent measurements.
+    order = [defaults_name, *([tiny_name] if args.tiny else []),
+             *(k for k in variants if k not in (defaults_name, tiny_name))]
+    raw_before = tiny_name if args.tiny else defaults_name
     for r in range(args.repeats):
-        res["raw"].append(raw_env_rate(args.env, processes=cores, seconds=10.0))
         res["costs"].append(per_step_costs(args.env, cfg))
-        if args.tiny:
-            res["costs_tiny"].append(per_step_costs(args.env, tiny_cfg))
-        for k, kwargs in variants.items():
+        for k in order:
+            if k == tiny_name:
+                res["costs_tiny"].append(per_step_costs(args.env, tiny_cfg))
+            if k == raw_before:
+                res["raw"].append(raw_env_rate(args.env, processes=cores, seconds=10.0))
             res["asyncrl"][k].append(steady_fps(args.env, warmup=args.warmup, seconds=args.seconds,
-                                                device="cpu", seed=r, **kwargs))
+                                                device="cpu", seed=r, **variants[k]))
         if args.sf:
             res["sf"].append(sample_factory_fps(int(args.seconds)))
         print(f"repeat {r}: {json.dumps({k: v[-1] if isinstance(v, list) else {kk: vv[-1]['fps'] for kk, vv in v.items()} for k, v in res.items() if v}, default=str)}", flush=True)
 
     med = statistics.median
+    ideal_of = lambda c: cores / sum(c.values())  # noqa: E731
     raw = med(res["raw"])
     costs = {k: med(c[k] for c in res["costs"]) for k in res["costs"][0]}
-    ideal = cores / sum(costs.values())
+    ideal = ideal_of(costs)
     fps = {k: med(x["fps"] for x in v) for k, v in res["asyncrl"].items()}
     main_fps = fps[defaults_name]
+    per_repeat = {"asyncrl/ideal": [x["fps"] / ideal_of(c) for x, c in
+                                    zip(res["asyncrl"][defaults_name], res["costs"])]}
+    if args.tiny:
+        per_repeat["tiny/raw"] = [x["fps"] / w for x, w in zip(res["asyncrl"][tiny_name], res["raw"])]
     rows = [("raw simulation, random actions, %d processes" % cores, raw),
             ("ideal training (cores / per-step costs)", ideal)]
     rows += [(f"asyncrl {k} (workers x envs)", v) for k, v in fps.items()]
@@ -189,8 +204,10 @@ def main() -> None:
           + f"; asyncrl peak PSS {peak:.2f} GiB"
           + (f"; tiny model / raw {fps[tiny_name] / raw:.2f}, / its ideal {fps[tiny_name] / ideal_tiny:.2f}"
              if args.tiny else ""))
+    print("ratios within each repeat (adjacent measurements), median [all]: " + "; ".join(
+        f"{k} {med(v):.2f} [{', '.join(f'{x:.2f}' for x in v)}]" for k, v in per_repeat.items()))
     with open(args.json, "w") as f:
-        json.dump({"cores": cores, "ideal": ideal, "costs": costs,
+        json.dump({"cores": cores, "ideal": ideal, "costs": costs, "ratios_per_repeat": per_repeat,
                    **({"ideal_tiny": ideal_tiny} if args.tiny else {}), **res}, f, indent=1, default=str)
     try:
         import matplotlib
