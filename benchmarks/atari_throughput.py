@@ -18,7 +18,8 @@
    asynchronous (algo="appo") where the defaults (on a CPU) train synchronously, and with
    --nice N also that with sampler_nice=N. Peak PSS of the process tree.
 3. Sample Factory 2.1.1 (--sf; needs ../shared/bench/sample_factory/install.sh): its Atari preset
-   for the same time, through that folder's run.sh.
+   through that folder's run.sh for the warm-up plus the same time, its steady rate after the
+   warm-up read off its logged frame counter (as asyncrl's rows).
 Frames = env steps x frame skip (4). Medians over --repeats. Within a repeat the costs are measured
 just before the defaults row and the raw rate just before the tiny row (or the defaults row), and
 asyncrl / ideal and tiny / raw are also given as the median of the ratios within each repeat: on
@@ -27,9 +28,11 @@ a shared machine the speed drifts between repeats by more than between adjacent 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import time
@@ -95,16 +98,39 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
     return {"env": env_cost, "inference": inference_cost, "learning": learn_cost}
 
 
-def sample_factory_fps(seconds: int) -> float:
-    """Frames per second of SF's Atari preset (60 s window, median of its last readings)."""
+def sample_factory_fps(seconds: float, warmup: float) -> float:
+    """Frames per second of SF's Atari preset in steady state, as asyncrl's rows are measured:
+    SF runs for warmup + seconds, and the rate is taken from its logged frame counter after the
+    warm-up. SF trains synchronously and counts frames a whole batch (8,192) at a time, so the
+    window runs from the first reading after the warm-up at which the counter had just moved to
+    the last such reading (its log has one every 5 s). Its own "60 sec" figure over a 60 s run
+    would include its ~30 s start-up (about 430 against 680 frames/s here)."""
     shm_before = set(os.listdir("/dev/shm"))
-    out = subprocess.run(["bash", SF_RUN, str(seconds), "pong"], capture_output=True, text=True).stdout
+    out = subprocess.run(["bash", SF_RUN, str(int(warmup + seconds)), "pong"], capture_output=True,
+                         text=True).stdout
     # run.sh SIGKILLs SF's process group, so its multiprocessing semaphores are never unlinked
     for name in set(os.listdir("/dev/shm")) - shm_before:
         if name.startswith("sem.mp-"):
             os.remove(os.path.join("/dev/shm", name))
-    values = [float(v) for v in re.findall(r"60 sec: ([0-9.]+)", out)]
-    return statistics.median(values[-3:]) if values else float("nan")
+    log_dir = re.search(r"full log: (\S+)/log", out)
+    if not log_dir:
+        return float("nan")
+    with open(os.path.join(log_dir.group(1), "log"), errors="replace") as f:
+        log = f.read()
+    shutil.rmtree(log_dir.group(1), ignore_errors=True)
+    stamp = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]"
+    to_s = lambda t: datetime.datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp()  # noqa: E731
+    start = re.search(stamp, log)
+    readings = [(to_s(t), int(n)) for t, n in
+                re.findall(stamp + r".*?Fps is .*?Total num frames: (\d+)", log)]
+    if not start or not readings:
+        return float("nan")
+    after = to_s(start.group(1)) + warmup
+    moved = [(t, n) for (t, n), (_, prev) in zip(readings[1:], readings) if n != prev and t >= after]
+    if len(moved) < 2:
+        return float("nan")
+    (t0, n0), (t1, n1) = moved[0], moved[-1]
+    return (n1 - n0) / (t1 - t0)
 
 
 def main() -> None:
@@ -166,7 +192,7 @@ def main() -> None:
             res["asyncrl"][k].append(steady_fps(args.env, warmup=args.warmup, seconds=args.seconds,
                                                 device="cpu", seed=r, **variants[k]))
         if args.sf:
-            res["sf"].append(sample_factory_fps(int(args.seconds)))
+            res["sf"].append(sample_factory_fps(args.seconds, args.warmup))
         print(f"repeat {r}: {json.dumps({k: v[-1] if isinstance(v, list) else {kk: vv[-1]['fps'] for kk, vv in v.items()} for k, v in res.items() if v}, default=str)}", flush=True)
 
     med = statistics.median
