@@ -106,7 +106,7 @@ def sample_factory_fps(seconds: float, warmup: float) -> float:
     warm-up. SF trains synchronously and counts frames a whole batch (8,192) at a time, so the
     window runs from the first reading after the warm-up at which the counter had just moved to
     the last such reading (its log has one every 5 s). Its own "60 sec" figure over a 60 s run
-    would include its ~30 s start-up (about 430 against 680 frames/s here)."""
+    would include its ~30 s start-up (here 430 against 655-690 frames/s in steady state)."""
     shm_before = set(os.listdir("/dev/shm"))
     out = subprocess.run(["bash", SF_RUN, str(int(warmup + seconds)), "pong"], capture_output=True,
                          text=True).stdout
