@@ -21,7 +21,7 @@ from .fileio import atomic_torch_save, make_scratch_dir
 from .learner import make_optimizer, rng_path
 from .logger import TrainLogger
 from .models import ActorCritic
-from .runner import Runner, check_main_guard
+from .runner import Runner
 
 PARAM_KEYS = ("policy", "policy.optimizer")  # get_parameters() layout, as in Stable-Baselines3
 
@@ -118,8 +118,6 @@ class APPO:
         if not isinstance(train_for_env_steps, (int, np.integer)) or train_for_env_steps < 1:
             raise ConfigError(f"train_for_env_steps={train_for_env_steps!r}: must be an integer >= 1")
         self._hparams(1.0)  # bad values raise here, before anything starts
-        if not self.config.serial_mode:
-            check_main_guard()
         runner = self._graph()
         self._training = True
         try:

@@ -434,6 +434,7 @@ class Runner:
     # --- multi-process mode ---------------------------------------------------------------
     def _run_processes(self) -> None:
         if not self.started:
+            check_main_guard()  # before the first spawn, which it would hang
             self.started = True
             self.makes = dict(self.components_to_make(serial=False))
             for name in self.makes:

@@ -220,7 +220,7 @@ def main() -> None:
     print("\nper-step costs, core-ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in costs.items()))
     if args.tiny:
         costs_tiny = {k: med(c[k] for c in res["costs_tiny"]) for k in res["costs_tiny"][0]}
-        ideal_tiny = cores / sum(costs_tiny.values())
+        ideal_tiny = ideal_of(costs_tiny)
         print("tiny model per-step costs, core-ms: "
               + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in costs_tiny.items())
               + f"; its ideal {ideal_tiny:,.0f} env steps/s")
