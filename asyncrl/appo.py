@@ -9,6 +9,7 @@ import shutil
 import weakref
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -16,12 +17,13 @@ from asyncrl.envs import is_atari_id
 
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
-from .env_utils import eval_env_factory, make_env_factory, probe_env, storage_dtype
+from .env_utils import eval_env_factory, make_env_factory, probe_env
 from .fileio import atomic_torch_save, make_scratch_dir
 from .learner import make_optimizer, rng_path
 from .logger import TrainLogger
-from .models import ActorCritic
+from .models import PolicySpec, build_checked
 from .runner import Runner
+from .spaces import MASK_KEY, read_mask
 
 PARAM_KEYS = ("policy", "policy.optimizer")  # get_parameters() layout, as in Stable-Baselines3
 
@@ -51,6 +53,13 @@ class APPO:
     :param env: a Gymnasium id (e.g. ``"CartPole-v1"``) or a picklable zero-argument function
         returning a ``gymnasium.Env``.
     :param env_kwargs: keyword arguments for ``gymnasium.make`` when ``env`` is an id.
+    :param policy_kwargs: the model, in Stable-Baselines3's spelling: ``net_arch`` (a list, or
+        ``dict(pi=[...], vf=[...])``), ``activation_fn``, ``features_extractor_class`` (+
+        ``features_extractor_kwargs``), ``share_features_extractor``, ``log_std_init``,
+        ``ortho_init`` (see :mod:`asyncrl.models`).
+    :param policy: a whole custom network class, ``cls(observation_space, action_space,
+        param_size, **policy_kwargs)`` whose ``forward(obs)`` returns ``(params [N, param_size],
+        values [N])``; None: the built-in actor-critic.
     :param kwargs: any field of :class:`asyncrl.Config` (``num_workers``, ``learning_rate``, ...).
         The fields in ``MUTABLE_HPARAMS`` (``learning_rate``, ``gamma``, ``ent_coef``,
         ``clip_coef``, ``vf_coef``, ``max_grad_norm``, ``vtrace_lambda``) may also be schedules,
@@ -61,23 +70,29 @@ class APPO:
     the running learner at the next ``train()`` call, without a restart.
     """
 
-    def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None, **kwargs):
+    def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None,
+                 policy_kwargs: Optional[dict] = None, policy: Optional[type] = None, **kwargs):
         atari = isinstance(env, str) and is_atari_id(env)
         schedules = {k: v for k, v in kwargs.items() if k in MUTABLE_HPARAMS and callable(v)}
         kwargs.update({k: _schedule_value(k, v, 1.0) for k, v in schedules.items()})
         device = kwargs.get("device", Config.device)
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-        self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari, cpu_only=cpu_only))
+        self.env_factory = make_env_factory(env, env_kwargs)
+        env_spec = probe_env(self.env_factory)
+        self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
+        self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari, cpu_only=cpu_only,
+                                                       continuous=has_box(self.action_space)))
         if self.config.seed is None:
             self.config = self.config.replace(seed=random.randrange(2 ** 31))
         for name in MUTABLE_HPARAMS:
             setattr(self, name, schedules.get(name, getattr(self.config, name)))
         self.device = resolve_device(self.config.device)
-        self.env_factory = make_env_factory(env, env_kwargs)
-        self.observation_space, self.action_space = probe_env(self.env_factory)
+        if policy is not None and not (isinstance(policy, type) and issubclass(policy, torch.nn.Module)):
+            raise ConfigError(f"policy={policy!r}: expected an nn.Module class (see asyncrl.models)")
+        self.policy_spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
-            self.policy = ActorCritic(self.observation_space, self.action_space, self.config)
+            self.policy = build_checked(self.policy_spec, self.config)
         self.policy.eval()
         self.num_timesteps = 0   # env steps trained on, over all train() calls
         self.policy_version = 0  # weight updates published by the learner
@@ -144,8 +159,7 @@ class APPO:
             if not self._finalizer.alive:  # trained again after the with block
                 os.makedirs(self._tmpdir, exist_ok=True)
                 self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
-            self._runner = Runner(self.config, self.env_factory, self.observation_space,
-                                  self.action_space, self.device, self.policy,
+            self._runner = Runner(self.config, self.env_factory, self.policy_spec, self.device, self.policy,
                                   self._optimizer_path, self.logger, self._num_graphs)
             self._num_graphs += 1
         return self._runner
@@ -190,21 +204,39 @@ class APPO:
         return self
 
     # --- acting ---------------------------------------------------------------------------
-    def predict(self, observation, state=None, episode_start=None,
-                deterministic: bool = False) -> Tuple[np.ndarray, None]:
-        """Actions for one observation or a batch ``[N, *obs_shape]``; ``state`` is returned as
-        given (no recurrent policies yet)."""
-        obs = np.asarray(observation)
-        shape = self.observation_space.shape
-        single = obs.shape == shape
-        if not single and obs.shape[1:] != shape:
-            raise ValueError(f"observation of shape {obs.shape} matches neither the env's "
-                             f"observation shape {shape} nor a batch [N, *{shape}]")
-        batch = torch.as_tensor(obs.reshape(-1, *shape).astype(storage_dtype(self.observation_space),
-                                                                  copy=False))
-        actions, _, _ = self.policy.act(batch, deterministic=deterministic)
-        actions = actions.numpy()
-        return (actions[0] if single else actions), state
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False,
+                action_masks=None) -> Tuple[Any, Any]:
+        """Actions for one observation or a batch (``[N, *shape]``; ``Dict`` observations batched
+        per key), in the env's own format (NumPy, as SB3 returns them). ``state`` is returned as
+        given (no recurrent policies yet). ``action_masks``: ``[mask_size]`` or ``[N,
+        mask_size]``, True where legal (MaskablePPO's convention); with an env whose
+        observations carry the mask, it is taken from them."""
+        arrays, n, single = self.policy_spec.env.batch_obs(observation)
+        obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
+        mask = self._predict_mask(observation, action_masks, n)
+        actions, _, _ = self.policy.act(obs, mask, deterministic=deterministic)
+        env_actions = self.policy.dist.to_env(actions.numpy())
+        return (_as_numpy(env_actions[0]) if single else _stack_actions(env_actions)), state
+
+    def _predict_mask(self, observation, action_masks, n: int) -> Optional[torch.Tensor]:
+        size = self.policy.dist.mask_size
+        if action_masks is None and self.policy_spec.env.mask_source == "obs":
+            action_masks = observation[MASK_KEY]
+        if action_masks is None:
+            return None
+        if not size:
+            raise ValueError(f"action_masks given, but the action space {self.action_space} has "
+                             "no discrete part to mask")
+        m = np.asarray(action_masks)
+        if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.integer):
+            raise ValueError(f"action_masks has dtype {m.dtype}: expected bool (True: legal)")
+        if m.size != n * size:
+            raise ValueError(f"action_masks has shape {m.shape}; expected [{size}] or [N, {size}] "
+                             f"for {n} observation(s) and the action space {self.action_space}")
+        m = torch.as_tensor(m.reshape(n, size).astype(bool))
+        if not bool(m.any(-1).all()):
+            raise ValueError("action_masks allows no action for some observation")
+        return m
 
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True,
                  seed: Optional[int] = None) -> Tuple[float, float]:
@@ -334,7 +366,8 @@ class APPO:
         blob = {"state_dict": state_dict, "config": self.config.__dict__.copy(),
                 "env_factory": self.env_factory, "num_timesteps": steps,
                 "policy_version": version, "num_graphs": self._num_graphs,
-                "optimizer": optimizer, "learner_rng": learner_rng}
+                "optimizer": optimizer, "learner_rng": learner_rng,
+                "policy_class": self.policy_spec.policy, "policy_kwargs": self.policy_spec.policy_kwargs}
         atomic_torch_save(blob, path)
 
     @staticmethod
@@ -351,6 +384,8 @@ class APPO:
             raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); it was "
                                "probably defined in a script's __main__: pass env=... to load()") from e
         model = cls(env if env is not None else blob["env_factory"],
+                    policy=overrides.pop("policy", blob.get("policy_class")),
+                    policy_kwargs=overrides.pop("policy_kwargs", blob.get("policy_kwargs")),
                     **{**blob["config"], "device": device, **overrides})
         model.policy.load_state_dict(blob["state_dict"])
         model.num_timesteps, model.policy_version = blob["num_timesteps"], blob["policy_version"]
@@ -387,18 +422,49 @@ def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[in
     """Play one whole episode of ``env`` with ``model.predict``: (raw return, length). An env
     that ends learning episodes inside a game (``info["game_over"]`` False) plays on to the end
     of the game. ``on_step(env)`` runs after every step (e.g. to grab a rendered frame)."""
-    obs, _ = env.reset(seed=seed)
+    obs, info = env.reset(seed=seed)
+    source = model.policy_spec.env.mask_source
     total, length = 0.0, 0
     while True:
-        action, _ = model.predict(obs, deterministic=deterministic)
-        obs, reward, terminated, truncated, info = env.step(int(action))
+        masks = read_mask(env, source, obs, info) if source in ("method", "info") else None
+        action, _ = model.predict(obs, deterministic=deterministic, action_masks=masks)
+        obs, reward, terminated, truncated, info = env.step(action)
         total, length = total + float(reward), length + 1
         if on_step is not None:
             on_step(env)
         if terminated or truncated:
             if info.get("game_over", True):
                 return total, length
-            obs, _ = env.reset()  # a lost life: the game goes on
+            obs, info = env.reset()  # a lost life: the game goes on
+
+
+def has_box(space) -> bool:
+    """Whether an action space has a continuous part (the continuous defaults apply)."""
+    if isinstance(space, gym.spaces.Box):
+        return True
+    if isinstance(space, (gym.spaces.Tuple, gym.spaces.Dict)):
+        return any(has_box(s) for s in (space.spaces.values() if isinstance(space, gym.spaces.Dict)
+                                        else space.spaces))
+    return False
+
+
+def _as_numpy(action: Any) -> Any:
+    """One env action as SB3 returns it: an array (0-d for Discrete), tuples/dicts of them."""
+    if isinstance(action, tuple):
+        return tuple(np.asarray(a) for a in action)
+    if isinstance(action, dict):
+        return {k: np.asarray(a) for k, a in action.items()}
+    return np.asarray(action)
+
+
+def _stack_actions(actions: list) -> Any:
+    """Actions of N envs as one batch: an [N, ...] array, or a tuple/dict of them."""
+    first = actions[0]
+    if isinstance(first, tuple):
+        return tuple(np.stack([np.asarray(a[i]) for a in actions]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: np.stack([np.asarray(a[k]) for a in actions]) for k in first}
+    return np.stack([np.asarray(a) for a in actions])
 
 
 def _schedule_value(name: str, value: Any, progress_remaining: float) -> Any:

@@ -9,21 +9,38 @@ from __future__ import annotations
 
 import queue
 from enum import IntEnum
-from typing import Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from .config import MUTABLE_HPARAMS, Config
+from .spaces import Entry, EnvSpec
+
+
+STEP_ENTRIES = {  # what every trajectory records per step, whatever the spaces
+    "log_probs": Entry((), torch.float32, False),
+    "values": Entry((), torch.float32, False),
+    "rewards": Entry((), torch.float32, False),
+    "dones": Entry((), torch.bool, False),       # terminated or truncated
+    "truncated": Entry((), torch.bool, False),   # time-limit ends among them
+    "policy_versions": Entry((), torch.int64, False),
+}
+SENTINELS = {torch.float32: float("nan"), torch.int64: -1}  # unwritten step data shows
+
+
+def buffer_spec(env: EnvSpec, dist) -> Dict[str, Entry]:
+    """The one description of a trajectory slot: the observed leaves (and the action mask) from
+    the env spec, the actions from the distribution, then STEP_ENTRIES."""
+    actions = Entry((dist.action_size,), torch.int64 if dist.discrete else torch.float32, False)
+    return {**env.obs_entries(), "actions": actions, **STEP_ENTRIES}
 
 
 class TrajectoryBuffers:
-    """``num_slots`` slots, each one env group's trajectory of ``rollout`` steps:
-
-    obs [S, T+1, E, *obs_shape] (obs[:, T] is the state after the last step), and
-    actions, log_probs, values, rewards, dones, truncated, policy_versions, each [S, T, E]
-    (``dones`` is terminated or truncated; ``truncated`` marks time-limit ends among them).
+    """``num_slots`` slots, each one env group's trajectory of ``rollout`` steps: for every entry
+    of the spec a tensor ``[S, rows, E, *shape]`` (rows T+1 for observed entries, whose row T is
+    the state after the last step; T for the rest), in ``tensors`` by name.
 
     Bookkeeping for restarting a killed rollout worker: ``slot_owner`` [S] (the rollout worker
     filling each slot, -1 when none is), ``incarnation`` [num_workers] (moved by the main
@@ -33,30 +50,41 @@ class TrajectoryBuffers:
     """
 
     @staticmethod
-    def nbytes(cfg: Config, obs_shape: tuple, obs_dtype: np.dtype) -> int:
+    def nbytes(cfg: Config, spec: Dict[str, Entry]) -> int:
         """Shared memory the buffers take."""
         S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
-        obs = S * (T + 1) * E * int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
-        return obs + S * T * E * (8 + 4 + 4 + 4 + 1 + 1 + 8) + 8 * (S + cfg.num_workers + cfg.num_policy_workers)
+        total = 8 * (S + cfg.num_workers + cfg.num_policy_workers)
+        for e in spec.values():
+            itemsize = torch.empty((), dtype=e.dtype).element_size()
+            total += S * (T + e.observed) * E * int(np.prod(e.shape)) * itemsize
+        return total
 
-    def __init__(self, cfg: Config, obs_shape: tuple, obs_dtype: np.dtype):
+    def __init__(self, cfg: Config, spec: Dict[str, Entry]):
         S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
-        torch_dtype = torch.from_numpy(np.zeros(0, obs_dtype)).dtype
+        self.spec = spec
 
         def shared(shape, dtype, fill):
             return torch.full(shape, fill, dtype=dtype).share_memory_()
 
-        self.obs = shared((S, T + 1, E, *obs_shape), torch_dtype, 0)
-        self.actions = shared((S, T, E), torch.int64, -1)
-        self.log_probs = shared((S, T, E), torch.float32, float("nan"))
-        self.values = shared((S, T, E), torch.float32, float("nan"))
-        self.rewards = shared((S, T, E), torch.float32, float("nan"))
-        self.dones = shared((S, T, E), torch.bool, False)
-        self.truncated = shared((S, T, E), torch.bool, False)
-        self.policy_versions = shared((S, T, E), torch.int64, -1)
+        self.tensors = {name: shared((S, T + e.observed, E, *e.shape), e.dtype,
+                                     0 if e.observed else SENTINELS.get(e.dtype, 0))
+                        for name, e in spec.items()}
         self.slot_owner = shared((S,), torch.int64, -1)
         self.incarnation = shared((cfg.num_workers,), torch.int64, 0)
         self.policy_ticks = shared((cfg.num_policy_workers,), torch.int64, 0)
+
+    def __getattr__(self, name: str) -> torch.Tensor:  # buffers.rewards etc.
+        tensors = self.__dict__.get("tensors", {})
+        if name in tensors:
+            return tensors[name]
+        raise AttributeError(name)
+
+    def numpy(self) -> Dict[str, np.ndarray]:
+        """Every tensor as a numpy view of the same memory (cheap small fancy-indexed copies)."""
+        return {name: t.numpy() for name, t in self.tensors.items()}
+
+    def obs_names(self) -> list:
+        return [name for name, e in self.spec.items() if e.observed]
 
 
 class Ctl(IntEnum):
@@ -152,14 +180,21 @@ class QueueLock:
         self.release()
 
 
+def _state_tensors(model: nn.Module) -> list:
+    """Parameters and buffers (normalisers' statistics, BatchNorm's), in state_dict order: what
+    policy workers, a resumed learner and checkpoints must all see."""
+    return list(model.state_dict(keep_vars=True).values())
+
+
 class SharedWeights:
-    """The learner's parameters as one flat shared vector, plus a version counter.
+    """The learner's state (parameters and module buffers) as one flat shared float vector,
+    plus a version counter. Integer buffers pass through it exactly up to 2**24.
 
     Readers reload only when the version moved (``load_if_newer``); a lock makes each copy whole.
     """
 
     def __init__(self, model: nn.Module, version: int = 0, env_steps: int = 0):
-        self.flat = torch.zeros(sum(p.numel() for p in model.parameters())).share_memory_()
+        self.flat = torch.zeros(sum(t.numel() for t in _state_tensors(model))).share_memory_()
         self.meta = torch.zeros(2, dtype=torch.int64).share_memory_()  # version, env steps trained
         self.lock = QueueLock()
         self.publish(model, version, env_steps)
@@ -172,7 +207,7 @@ class SharedWeights:
     def publish(self, model: nn.Module, version: int, env_steps: int) -> None:
         """Write the weights with their version and the env steps they were trained on."""
         # reshape, not view: conv weights may be channels-last; the vector is in logical order
-        vec = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to("cpu")
+        vec = torch.cat([t.detach().reshape(-1).float() for t in _state_tensors(model)]).to("cpu")
         if not bool(torch.isfinite(vec).all()):
             raise FloatingPointError(f"refusing to publish non-finite weights (version {version})")
         with self.lock:
@@ -182,7 +217,8 @@ class SharedWeights:
     @torch.no_grad()
     def load(self, model: nn.Module, lock_timeout: float = 60.0) -> Tuple[int, int]:
         """Copy the published weights into ``model``; returns (version, env steps trained)."""
-        device = next(model.parameters()).device
+        tensors = _state_tensors(model)
+        device = tensors[0].device
         if not self.lock.acquire(timeout=lock_timeout):
             raise TimeoutError("the shared weights stayed locked: a writer died mid-publish")
         try:
@@ -191,9 +227,9 @@ class SharedWeights:
         finally:
             self.lock.release()
         offset = 0
-        for p in model.parameters():  # copy_ keeps each parameter's memory format
-            p.copy_(vec[offset:offset + p.numel()].view(p.shape))
-            offset += p.numel()
+        for t in tensors:  # copy_ keeps each tensor's memory format
+            t.copy_(vec[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
         return version, env_steps
 
     def load_if_newer(self, model: nn.Module, have_version: int) -> int:

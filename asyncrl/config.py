@@ -91,8 +91,17 @@ class Config:
     hidden_sizes: Tuple[int, ...] = _f((64, 64), "Hidden layer widths of the MLP (vector obs).")
     activation: str = _f("tanh", 'MLP activation: "tanh" or "relu".')
     cnn: str = _f("nature", 'Encoder of uint8 image obs: "nature" (Mnih et al. 2015: 3 convolutions '
-                  '+ 512 units) or "tiny" (every 8th pixel + 32 units: for throughput tests, where '
-                  'inference and learning cost next to nothing).')
+                  '+ 512 units; images under 36 x 36, such as MiniGrid\'s 7 x 7, get two 3 x 3 '
+                  'convolutions + 128 units) or "tiny" (every 8th pixel + 32 units: for throughput '
+                  'tests, where inference and learning cost next to nothing).')
+    normalize_obs: bool = _f(
+        False, "Normalise float vector observations by running mean and std (clipped to +-10), "
+        "inside the model: the statistics are buffers that travel with the weights (on by default "
+        "for continuous actions).")
+    normalize_returns: bool = _f(
+        False, "Learn values in units of the running std of the value targets (Sample Factory's "
+        "normalize_returns), so the value loss has one scale whatever the rewards' (on by default "
+        "for continuous actions).")
 
     # --- logging ----------------------------------------------------------------------------
     verbose: int = _f(1, "0: silent; 1: console summary every log_interval seconds.")
@@ -215,7 +224,8 @@ class Config:
         check(isinstance(self.hidden_sizes, tuple) and len(self.hidden_sizes) >= 1
               and all(is_int(h) and h >= 1 for h in self.hidden_sizes), "hidden_sizes",
               "must be a non-empty tuple of positive integers, e.g. (64, 64)")
-        for name in ("serial_mode", "normalize_advantages", "bootstrap_truncation", "decoupled_clip"):
+        for name in ("serial_mode", "normalize_advantages", "bootstrap_truncation", "decoupled_clip",
+                     "normalize_obs", "normalize_returns"):
             check(isinstance(getattr(self, name), bool), name, "must be True or False")
         check(self.activation in ("tanh", "relu"), "activation", 'must be "tanh" or "relu"')
         check(self.cnn in CNNS, "cnn", f"must be one of {CNNS}")
@@ -278,6 +288,15 @@ ATARI_CPU_DEFAULTS = dict(algo="ppo", rollout=64)
 ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 
 
+# Continuous actions (a Box, alone or in a Tuple/Dict): CleanRL's ppo_continuous_action and Sample
+# Factory's MuJoCo preset, synchronous as both are (every sample from the latest policy): running
+# observation and return normalisation, gamma 0.99, lambda 0.95, lr 3e-4, no entropy bonus.
+CONTINUOUS_DEFAULTS = dict(algo="ppo", rollout=64, learning_rate=3e-4, gamma=0.99, vtrace_lambda=0.95,
+                           clip_coef=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
+                           num_epochs=10, minibatch_size=256, normalize_obs=True,
+                           normalize_returns=True)
+
+
 def available_cores() -> int:
     """CPU cores this process may run on (its affinity mask, which containers and taskset
     narrow; os.cpu_count() counts the machine's)."""
@@ -288,14 +307,14 @@ def available_cores() -> int:
 
 
 def with_defaults(kwargs: dict, atari: bool = False, cpu_only: bool = False,
-                  cores: Optional[int] = None) -> dict:
+                  cores: Optional[int] = None, continuous: bool = False) -> dict:
     """The caller's keywords, over the values that the env family and the algorithm variant imply:
     Atari gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
-    ``num_envs_per_worker``); IMPALA trains one epoch per batch; synchronous PPO's batch is one
+    ``num_envs_per_worker``); ``continuous`` actions get CONTINUOUS_DEFAULTS; IMPALA trains one epoch per batch; synchronous PPO's batch is one
     rollout of every env. What the caller sets always wins."""
-    preset = dict(ATARI_DEFAULTS) if atari else {}
+    preset = dict(ATARI_DEFAULTS) if atari else dict(CONTINUOUS_DEFAULTS) if continuous else {}
     if atari and cpu_only and "algo" not in kwargs:
         preset.update(ATARI_CPU_DEFAULTS)
         if ("num_workers" not in kwargs and "num_envs_per_worker" not in kwargs

@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import difflib
 import pickle
-from typing import Callable, Tuple, Union
+from typing import Callable, Union
 
 import gymnasium as gym
 import numpy as np
 
 from .config import ConfigError
-
-OBS_DTYPES = (np.uint8, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64)
-
+from .distributions import make_distribution
+from .spaces import EnvSpec, check_mask, detect_mask_source, read_mask
 
 class GymIdFactory:
     """Picklable zero-argument factory for a registered Gymnasium id."""
@@ -65,8 +64,9 @@ def eval_env_factory(factory: Callable) -> Callable:
     return factory
 
 
-def probe_env(factory: Callable) -> Tuple[gym.spaces.Box, gym.spaces.Discrete]:
-    """Build one env in the main process, check its spaces and first observation, close it."""
+def probe_env(factory: Callable) -> EnvSpec:
+    """Build one env in the main process, check its spaces, first observation and action mask,
+    close it; returns what the engine derives from its spaces."""
     try:
         env = factory()
     except Exception as e:
@@ -77,40 +77,35 @@ def probe_env(factory: Callable) -> Tuple[gym.spaces.Box, gym.spaces.Discrete]:
                           "(a missing `return`?)")
     try:
         obs_space, act_space = env.observation_space, env.action_space
-        check_spaces(obs_space, act_space)
-        obs, _ = env.reset(seed=0)
-        if not obs_space.contains(np.asarray(obs, dtype=obs_space.dtype)) or \
-                np.shape(obs) != obs_space.shape:
+        dist = make_distribution(act_space)  # unsupported action spaces raise here
+        obs, info = env.reset(seed=0)
+        source = detect_mask_source(env, obs, info)
+        if source is not None and not dist.mask_size:
+            raise ConfigError(f"the env provides action masks ({source}) but its action space "
+                              f"{act_space} has no discrete part to mask")
+        spec = EnvSpec(obs_space, act_space, source, dist.mask_size if source else 0)
+        if not _contains(obs_space, obs):
             raise ConfigError(
-                f"the env's first observation (shape {np.shape(obs)}) does not lie in its declared "
+                f"the env's first observation ({_describe(obs)}) does not lie in its declared "
                 f"observation_space {obs_space}; fix the env's observation_space or its reset()")
-        return obs_space, act_space
+        if source is not None:
+            check_mask(read_mask(env, source, obs, info), spec.mask_size, source, act_space)
+        return spec
     finally:
         env.close()
 
 
-def check_spaces(obs_space, act_space) -> None:
-    if not isinstance(act_space, gym.spaces.Discrete):
-        raise ConfigError(f"action space {act_space} is not supported yet: asyncrl supports "
-                          "Discrete actions")
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise ConfigError(f"observation space {obs_space} is not supported yet: asyncrl supports "
-                          "Box observations (vectors, or uint8 images as [C, H, W])")
-    if len(obs_space.shape) == 3 and obs_space.dtype == np.uint8:
-        c, h, w = obs_space.shape
-        if obs_space.shape[-1] in (1, 3, 4) and c > 4:
-            raise ConfigError(
-                f"image observations of shape {obs_space.shape} look channel-last [H, W, C]; asyncrl "
-                "expects [C, H, W]: wrap the env to transpose them (np.transpose(obs, (2, 0, 1)) and "
-                "a matching Box)")
-        if h < 36 or w < 36:
-            raise ConfigError(f"image observations of shape {obs_space.shape} are smaller than the "
-                              "Nature CNN's 36 x 36 minimum; resize them (Atari uses 84 x 84)")
-    if obs_space.dtype.type not in OBS_DTYPES:
-        raise ConfigError(f"observation dtype {obs_space.dtype} is not supported: use one of "
-                          f"{[np.dtype(d).name for d in OBS_DTYPES]}")
+def _contains(space: gym.Space, obs) -> bool:
+    if isinstance(space, gym.spaces.Box):
+        arr = np.asarray(obs)
+        return arr.shape == space.shape and space.contains(arr.astype(space.dtype, copy=False))
+    try:
+        return bool(space.contains(obs))
+    except Exception:
+        return False
 
 
-def storage_dtype(obs_space: gym.spaces.Box) -> np.dtype:
-    """uint8 stays uint8 (images); everything else is stored as float32."""
-    return np.dtype(np.uint8) if obs_space.dtype == np.uint8 else np.dtype(np.float32)
+def _describe(obs) -> str:
+    if isinstance(obs, dict):
+        return "keys " + ", ".join(map(repr, obs))
+    return f"shape {np.shape(obs)}"

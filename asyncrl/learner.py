@@ -8,7 +8,7 @@ import dataclasses
 import os
 import queue
 import time
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -16,9 +16,9 @@ from torch import nn
 from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
 from .config import MUTABLE_HPARAMS, Config
 from .fileio import atomic_torch_save
-from .losses import ppo_loss
+from .losses import masked_mean, ppo_loss
 from .messages import Report, ReportKind
-from .models import ActorCritic
+from .models import ActorCritic, PolicySpec
 from .timing import StageTimer
 from .vtrace import VTraceReturns, vtrace
 
@@ -30,39 +30,52 @@ MINIBATCH_STATS = ("policy_loss", "value_loss", "entropy_loss", "approx_kl", "cl
 
 class Batch(NamedTuple):
     """Time-major training data: T steps of B trajectories."""
-    obs: torch.Tensor              # [T+1, B, *obs_shape]
-    actions: torch.Tensor          # [T, B]
+    obs: Dict[str, torch.Tensor]   # {key: [T+1, B, ...]}, stored leaves
+    actions: torch.Tensor          # [T, B, action_size]
     log_probs: torch.Tensor        # [T, B] behaviour policy
     rewards: torch.Tensor          # [T, B]
     dones: torch.Tensor            # [T, B] terminated or truncated
     truncated: torch.Tensor        # [T, B] time-limit ends
     policy_versions: torch.Tensor  # [T, B]
-    values: Optional[torch.Tensor] = None  # [T, B] behaviour policy's V(x_t), when recorded
+    values: Optional[torch.Tensor] = None       # [T, B] behaviour policy's V(x_t), when recorded
+    action_mask: Optional[torch.Tensor] = None  # [T+1, B, mask_size], when the env masks
+
+
+def make_batch(tensors: Dict[str, torch.Tensor]) -> Batch:
+    """A Batch from buffer-spec names: "obs/<key>" entries become ``obs``."""
+    obs = {name[4:]: x for name, x in tensors.items() if name.startswith("obs/")}
+    return Batch(obs, **{k: v for k, v in tensors.items() if not k.startswith("obs/")})
 
 
 class BatchGatherer:
     """Copies slots out of shared memory into a time-major Batch on the learner's device, through
-    preallocated (pinned, when the device is a GPU) staging tensors: no allocation per batch."""
-
-    FIELDS = Batch._fields
+    preallocated (pinned, when the device is a GPU) staging tensors, one per entry of the buffer
+    spec: no allocation per batch."""
 
     def __init__(self, buffers: TrajectoryBuffers, slots_per_batch: int, device: torch.device):
         self.buffers, self.device = buffers, device
         pin = device.type == "cuda"
-        self.staging = {}
-        for name in self.FIELDS:
-            src = getattr(buffers, name)
-            self.staging[name] = torch.empty((slots_per_batch, *src.shape[1:]), dtype=src.dtype,
-                                             pin_memory=pin)
+        self.staging = {name: torch.empty((slots_per_batch, *src.shape[1:]), dtype=src.dtype,
+                                          pin_memory=pin)
+                        for name, src in buffers.tensors.items()}
 
     def __call__(self, slots: List[int]) -> Batch:
         idx = torch.tensor(slots)
-        out = []
-        for name in self.FIELDS:
-            x = torch.index_select(getattr(self.buffers, name), 0, idx, out=self.staging[name])
+        out = {}
+        for name, src in self.buffers.tensors.items():
+            x = torch.index_select(src, 0, idx, out=self.staging[name])
             x = x.to(self.device, non_blocking=True).transpose(0, 1)  # [k, T, E, ...] -> [T, k, E, ...]
-            out.append(x.reshape(x.shape[0], -1, *x.shape[3:]))      # -> [T, k*E, ...]
-        return Batch(*out)
+            out[name] = x.reshape(x.shape[0], -1, *x.shape[3:])      # -> [T, k*E, ...]
+        return make_batch(out)
+
+
+def index_obs(obs: Dict[str, torch.Tensor], idx) -> Dict[str, torch.Tensor]:
+    return {k: v[idx] for k, v in obs.items()}
+
+
+def split_obs(obs: Dict[str, torch.Tensor], size: int) -> List[Dict[str, torch.Tensor]]:
+    keys = list(obs)
+    return [dict(zip(keys, parts)) for parts in zip(*(obs[k].split(size) for k in keys))]
 
 
 def rng_path(optimizer_path: str) -> str:
@@ -91,6 +104,8 @@ def keep_freed_memory() -> bool:
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    if target.numel() < 2:
+        return float("nan")
     var = target.var()
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
 
@@ -106,11 +121,11 @@ def make_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
 
 
 class Learner:
-    def __init__(self, cfg: Config, obs_space, action_space, device: str, buffers: TrajectoryBuffers,
+    def __init__(self, cfg: Config, policy_spec: PolicySpec, device: str, buffers: TrajectoryBuffers,
                  weights: SharedWeights, hparams: SharedHyperParams, ctl: SharedControl, queues,
                  optimizer_path: str, serial: bool = False):
         self.cfg, self.device = cfg, torch.device(device)
-        self.obs_space, self.action_space = obs_space, action_space
+        self.policy_spec = policy_spec
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
         self.hparams, self.hparams_version = hparams, None
         self.optimizer_path, self.optimizer_epoch = optimizer_path, 0
@@ -124,7 +139,7 @@ class Learner:
         self.finished = False
         self.optimizer = None
         self.nonfinite_in_a_row = 0
-        self.scaled_obs: Optional[torch.Tensor] = None  # float frames of the batch, reused
+        self.prepared_cache: dict = {}  # float frames of the batch, reused
 
     def init(self) -> None:
         cfg = self.cfg
@@ -133,7 +148,7 @@ class Learner:
             keep_freed_memory()
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + 20_000)
-        self.model = ActorCritic(self.obs_space, self.action_space, cfg).to(self.device)
+        self.model = ActorCritic(self.policy_spec, cfg).to(self.device)
         self.version, _ = self.weights.load(self.model)
         self.optimizer = make_optimizer(self.model, cfg)
         self._load_optimizer()
@@ -234,10 +249,14 @@ class Learner:
 
     def save_optimizer(self) -> None:
         """Adam's state and the learner's RNG state, beside the last published weights."""
-        if self.optimizer is None:
-            return
-        atomic_torch_save(self.optimizer.state_dict(), self.optimizer_path, durable=False)
-        atomic_torch_save(torch.get_rng_state(), rng_path(self.optimizer_path), durable=False)
+        if self.optimizer is None or not os.path.isdir(os.path.dirname(self.optimizer_path)):
+            return  # the model was dropped and its scratch directory removed: nobody reads them
+        try:
+            atomic_torch_save(self.optimizer.state_dict(), self.optimizer_path, durable=False)
+            atomic_torch_save(torch.get_rng_state(), rng_path(self.optimizer_path), durable=False)
+        except FileNotFoundError:
+            if os.path.isdir(os.path.dirname(self.optimizer_path)):
+                raise  # removed while writing: as above
 
     def snapshot(self) -> None:
         """Between updates, on the main process's request: everything a checkpoint needs, from
@@ -251,28 +270,31 @@ class Learner:
         self.ctl[Ctl.SNAPSHOT_DONE] = request
 
     @torch.no_grad()
-    def targets(self, batch: Batch,
-                obs: torch.Tensor) -> Tuple[VTraceReturns, torch.Tensor, torch.Tensor]:
+    def targets(self, batch: Batch, obs: Dict[str, torch.Tensor],
+                mask: Optional[torch.Tensor]) -> Tuple[VTraceReturns, torch.Tensor, torch.Tensor]:
         """V-trace targets of ``batch`` under the current model, once per batch, and the
         model's values V(x_t) and log-probabilities of the taken actions [T, B] before this
         update (for value clipping and the decoupled PPO ratio). ``obs``: the batch's
-        [(T+1)*B, ...] observations as the model takes them."""
+        [(T+1)*B, ...] observations as ``model.prepare`` made them; ``mask`` [(T+1)*B, M]."""
         cfg = self.cfg
-        T, B = batch.actions.shape
+        T, B = batch.rewards.shape
         if batch.values is not None and bool((batch.policy_versions == self.version).all()):
             # Every sample was drawn by these very weights (synchronous PPO: always): the policy
             # worker's log-probabilities and values are this model's, so only the bootstrap
             # values V(x_T) are computed; a forward pass over the batch saved (~6% of a Nature
             # CNN update).
             log_probs = batch.log_probs
-            values = torch.cat([batch.values, self.model(obs[T * B:])[1].view(1, B)])
+            last = index_obs(obs, slice(T * B, None))
+            values = torch.cat([batch.values, self.model(last, prepared=True)[1].view(1, B)])
         else:
-            actions = batch.actions.flatten()
+            actions = batch.actions.flatten(0, 1)
+            actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
             # In minibatch-sized chunks: activations of the whole batch at once would be fresh
             # mappings (> 32 MiB for a Nature CNN on 1024 frames), page-faulted on every update.
-            outs = [self.model.evaluate(o, a) for o, a in zip(
-                obs.split(cfg.minibatch_size),
-                torch.cat([actions, actions[:B]]).split(cfg.minibatch_size))]
+            n = cfg.minibatch_size
+            masks = mask.split(n) if mask is not None else [None] * len(actions.split(n))
+            outs = [self.model.evaluate(o, a, m) for o, a, m in zip(
+                split_obs(obs, n), actions.split(n), masks)]
             log_probs, values = torch.cat([o[0] for o in outs]), torch.cat([o[2] for o in outs])
             log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
         rewards = batch.rewards
@@ -290,59 +312,79 @@ class Learner:
     def train_on(self, batch: Batch) -> Optional[dict]:
         """One update over ``batch``; None if the run was stopped in the middle of it (a pause
         waits for the update to end), {} if no sample may be trained on."""
-        cfg = self.cfg
-        T, B = batch.actions.shape
-        obs = batch.obs.flatten(0, 1)  # [(T+1)*B, ...]
-        if self.model.image:  # scaled once here (into a reused buffer), not per minibatch and epoch
-            out = self.scaled_obs
-            if out is not None and out.shape[0] != obs.shape[0]:
-                out = None
-            obs = self.scaled_obs = self.model.actor_body.scale(obs, out=out)
-        obs_steps = obs[:T * B]
-        actions = batch.actions.flatten()
+        cfg, model = self.cfg, self.model
+        T, B = batch.rewards.shape
+        # Prepared once here (images scaled into reused buffers), not per minibatch and epoch.
+        obs = model.prepare({k: v.flatten(0, 1) for k, v in batch.obs.items()}, self.prepared_cache)
+        mask = batch.action_mask.flatten(0, 1) if batch.action_mask is not None else None
         lag = (self.version - batch.policy_versions).float()
         valid = (lag <= cfg.max_policy_lag) & (batch.policy_versions >= self.ctl[Ctl.MIN_VERSION])
         if not valid.any():
             return {}
-        mask = valid.float().flatten()
-        clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
-        vt, old_values, old_log_probs = self.targets(batch, obs)
-        advantages, returns, old_values = vt.pg_advantages.flatten(), vt.vs.flatten(), old_values.flatten()
+        vt, old_values, old_log_probs = self.targets(batch, obs, mask)
+        advantages, returns = vt.pg_advantages.flatten(), vt.vs.flatten()
+        keep = valid.flatten()
+        ev = explained_variance(old_values.flatten()[keep], returns[keep])
+        steps = index_obs(obs, slice(0, T * B))
+        # The running normalisers move once per batch, after the targets were computed with the
+        # statistics the samples were drawn with; values are learnt in the normalised scale.
+        model.update_normalizers(index_obs(steps, keep), returns[keep])
+        returns, old_values = model.normalize_values(returns), model.normalize_values(old_values.flatten())
         # The ratio's reference: the learner's policy now (the lag is in V-trace's weight), or
         # the policy that sampled.
         ratio_ref = (old_log_probs if cfg.decoupled_clip else batch.log_probs).flatten()
-        ev = explained_variance(old_values, returns)
+        stats = self._epochs(steps, batch.actions.flatten(0, 1), None if mask is None else mask[:T * B],
+                             ratio_ref, advantages, old_values, returns, keep)
+        if stats is None:
+            return None
+        valid_lag = lag[valid]
+        stats.update(explained_variance=ev, policy_lag_mean=float(valid_lag.mean()),
+                     policy_lag_max=float(valid_lag.max()), masked_fraction=1.0 - float(valid.float().mean()),
+                     version=self.version + 1)
+        stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
+        return stats
+
+    def _epochs(self, obs, actions, mask, ratio_ref, advantages, old_values, returns,
+                keep) -> Optional[dict]:
+        """num_epochs passes of shuffled minibatches over the batch's [T*B] samples; masked
+        (stale or restarted) samples take part in no loss and no advantage normalisation."""
+        cfg = self.cfg
+        n = advantages.shape[0]
+        clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
+        weight = keep.float()
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         for _ in range(cfg.num_epochs):
             # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
-            for mb in torch.randperm(T * B).to(self.device).split(cfg.minibatch_size):
+            for mb in torch.randperm(n).to(self.device).split(cfg.minibatch_size):
                 if self.ctl.stopping:
                     return None
-                out = self._minibatch_step(obs_steps[mb], actions[mb], ratio_ref[mb],
-                                           advantages[mb], old_values[mb], returns[mb], mask[mb],
+                out = self._minibatch_step(index_obs(obs, mb), actions[mb],
+                                           None if mask is None else mask[mb], ratio_ref[mb],
+                                           advantages[mb], old_values[mb], returns[mb], weight[mb],
                                            clip_coef)
                 if out is None:
                     skipped += 1
                     continue
                 sums, num_steps = sums + out, num_steps + 1
         stats = dict(zip(MINIBATCH_STATS, (sums / max(num_steps, 1)).tolist()))  # one device sync
-        stats.update(explained_variance=ev, nonfinite_skipped=skipped, policy_lag_mean=float(lag.mean()),
-                     policy_lag_max=float(lag.max()), masked_fraction=1.0 - float(mask.mean()),
-                     version=self.version + 1)
-        stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
+        stats["nonfinite_skipped"] = skipped
         return stats
 
-    def _minibatch_step(self, obs, actions, ratio_ref, advantages, old_values, returns,
-                        mask, clip_coef) -> Optional[torch.Tensor]:
+    def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
+                        returns, weight, clip_coef) -> Optional[torch.Tensor]:
         """One gradient step; returns the MINIBATCH_STATS values as one tensor, or None when the
-        loss or a gradient was not finite (the step is skipped: the weights stay finite)."""
+        loss or a gradient was not finite (the step is skipped: the weights stay finite).
+        ``weight``: 1 for samples trained on, 0 for masked ones."""
         cfg = self.cfg
-        if cfg.normalize_advantages and advantages.numel() > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        new_log_probs, entropy, new_values = self.model.evaluate(obs, actions)
-        out = ppo_loss(new_log_probs, ratio_ref, advantages, new_values, old_values,
-                       returns, entropy, clip_coef=clip_coef, vf_clip_coef=cfg.vf_clip_coef,
-                       ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, mask=mask)
+        if cfg.normalize_advantages and weight.sum() > 1:
+            mean = masked_mean(advantages, weight)
+            std = masked_mean((advantages - mean) ** 2, weight).mul(weight.sum() / (weight.sum() - 1)).sqrt()
+            advantages = (advantages - mean) / (std + 1e-8)
+        new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask)
+        out = ppo_loss(new_log_probs, ratio_ref, advantages, self.model.normalize_values(new_values),
+                       old_values, returns, entropy, clip_coef=clip_coef,
+                       vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
+                       mask=weight)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)

@@ -1,11 +1,25 @@
-"""Actor-critic models: an MLP for vector observations, the Nature CNN for images.
+"""The model contract and the built-in actor-critic.
 
-Image observations stay uint8 until they reach the model's device, where they are scaled to [0, 1].
+The engine relies on this and nothing more: ``ActorCritic(spec, cfg)`` has ``dist`` (its action
+distribution), ``prepare(obs)`` (the per-leaf conversion of stored observations, done once per
+learner batch: uint8 scaling, one-hot), ``forward(obs, prepared=False) -> (dist params [N, P],
+values [N])``, and ``update_normalizers(obs, returns)``. Observations are dicts of leaf keys (see
+``spaces``). Between the inputs and the heads sit encoders per key (a CNN per image, one-hot for
+Discrete/MultiDiscrete, the vectors concatenated), then SB3's ``net_arch`` MLPs for policy and
+value. Running observation and return normalisers are part of the model: their statistics are
+module buffers, so they travel with the weights to policy workers and checkpoints.
+
+``policy_kwargs`` take Stable-Baselines3's spelling: ``net_arch``, ``activation_fn``,
+``features_extractor_class`` (+ ``features_extractor_kwargs``: an SB3 ``BaseFeaturesExtractor``
+works unchanged, given SB3-preprocessed inputs), ``share_features_extractor``, ``log_std_init``,
+``ortho_init``. A whole network is ``policy=cls``: ``cls(observation_space, action_space,
+param_size, **policy_kwargs)`` whose ``forward(obs)`` returns ``(params [N, param_size],
+values [N])`` from SB3-preprocessed observations; the distribution and normalisers stay ours.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -13,167 +27,441 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .config import Config
+from .config import Config, ConfigError
+from .distributions import make_distribution
+from .spaces import EnvSpec, channel_last, is_image, scaled_uint8
+
+POLICY_KWARGS = ("net_arch", "activation_fn", "features_extractor_class", "features_extractor_kwargs",
+                 "share_features_extractor", "log_std_init", "ortho_init")
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+NATURE_MIN_SIZE = 36  # the Nature CNN's smallest input; smaller images get SmallCNN
+NORM_CLIP = 10.0      # normalised observations are clipped to +-this (CleanRL's continuous PPO)
 
 
-def _layer(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
+class PolicySpec(NamedTuple):
+    """Everything a process needs to build the same model (picklable)."""
+    env: EnvSpec
+    policy: Optional[type] = None   # a whole custom network (see the module docstring)
+    policy_kwargs: Optional[dict] = None
+
+
+def _layer(layer: nn.Module, gain: float = math.sqrt(2), ortho: bool = True) -> nn.Module:
+    if ortho:
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
     return layer
 
 
-def is_image_space(space: gym.spaces.Box) -> bool:
-    return len(space.shape) == 3 and space.dtype == np.uint8
-
-
-def mlp(in_size: int, hidden_sizes: Tuple[int, ...], activation: str) -> nn.Sequential:
-    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-    layers, size = [], in_size
-    for h in hidden_sizes:
-        layers += [_layer(nn.Linear(size, h)), act()]
-        size = h
+def mlp(in_size: int, sizes: List[int], activation: type, ortho: bool = True) -> nn.Sequential:
+    layers = []
+    for h in sizes:
+        layers += [_layer(nn.Linear(in_size, h), ortho=ortho), activation()]
+        in_size = h
     return nn.Sequential(*layers)
 
 
-class NatureCNN(nn.Module):
-    """Mnih et al. (2015): 3 convolutions and a 512-unit layer, on [C, H, W] uint8 frames."""
+class RunningNorm(nn.Module):
+    """Running mean and variance (Chan et al.'s parallel update) of ``shape``-d samples, as
+    buffers; ``forward`` normalises and clips."""
 
-    def __init__(self, obs_shape: Tuple[int, int, int]):
+    def __init__(self, shape: tuple, clip: Optional[float] = NORM_CLIP):
         super().__init__()
-        c = obs_shape[0]
-        self.convs = nn.Sequential(
-            _layer(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
-            _layer(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            _layer(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            n_flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
-        self.out_size = 512
-        self.fc = nn.Sequential(_layer(nn.Linear(n_flat, self.out_size)), nn.ReLU())
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.zeros(()))
 
-    @staticmethod
-    def scale(obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """uint8 frames -> float in [0, 1], channels-last: about a third less CPU time per
-        learner update with oneDNN convolutions (the weights are channels-last too, see
-        ActorCritic), measured on Pong batches. Two passes over memory (convert and transpose,
-        then scale in place), into ``out`` when given (a float channels-last tensor of obs's
-        shape, reused across batches): on a 1040-frame Pong batch 22 ms against 170 ms for
-        ``(obs.float() / 255).contiguous(channels_last)``, whose three fresh 117 MB tensors
-        page-fault on first touch."""
-        if out is None:
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, *self.mean.shape).float()
+        n, mean, var = x.shape[0], x.mean(0), x.var(0, unbiased=False)
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * (n / total)
+        self.var.copy_((self.var * self.count + var * n + delta ** 2 * self.count * n / total) / total)
+        self.count.copy_(total)
+
+    def std(self) -> torch.Tensor:
+        return (self.var + 1e-8).sqrt()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = (x - self.mean) / self.std()
+        return y if self.clip is None else y.clamp(-self.clip, self.clip)
+
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.std() + self.mean
+
+
+# --- image encoders: take uint8 [N, C, H, W] or [N, H, W, C], or their ``scale`` output -----
+class NatureCNN(nn.Module):
+    """Mnih et al. (2015): 3 convolutions and a 512-unit layer."""
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
+        super().__init__()
+        self.hwc, c = hwc, chw[0]
+        self.convs = nn.Sequential(
+            _layer(nn.Conv2d(c, 32, 8, stride=4), ortho=ortho), nn.ReLU(),
+            _layer(nn.Conv2d(32, 64, 4, stride=2), ortho=ortho), nn.ReLU(),
+            _layer(nn.Conv2d(64, 64, 3, stride=1), ortho=ortho), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            n_flat = self.convs(torch.zeros(1, *chw)).shape[1]
+        self.out_size = 512
+        self.fc = nn.Sequential(_layer(nn.Linear(n_flat, self.out_size), ortho=ortho), nn.ReLU())
+        self.to(memory_format=torch.channels_last)  # only the 4-d conv weights change
+
+    def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """uint8 frames -> float in [0, 1], channels-last (oneDNN's fast layout on a CPU; a
+        [H, W, C] frame permuted is channels-last already). Two passes, into ``out`` when given
+        (reused across learner batches: fresh large tensors page-fault on first touch)."""
+        if self.hwc:
+            obs = obs.permute(0, 3, 1, 2)
+        if out is None or out.shape != obs.shape:
             out = torch.empty(obs.shape, device=obs.device, memory_format=torch.channels_last)
         return out.copy_(obs).mul_(1.0 / 255.0)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """uint8 frames, or frames already through ``scale`` (the learner scales a batch once,
-        not once per minibatch and epoch)."""
-        x = self.scale(obs) if obs.dtype == torch.uint8 else obs
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(x))
+
+
+class SmallCNN(nn.Module):
+    """For small images (MiniGrid's 7 x 7 views): two 3 x 3 same-padding convolutions, so any
+    size fits, then a 128-unit layer."""
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
+        super().__init__()
+        self.hwc, (c, h, w) = hwc, chw
+        self.convs = nn.Sequential(
+            _layer(nn.Conv2d(c, 16, 3, padding=1), ortho=ortho), nn.ReLU(),
+            _layer(nn.Conv2d(16, 32, 3, padding=1), ortho=ortho), nn.ReLU(), nn.Flatten())
+        self.out_size = 128
+        self.fc = nn.Sequential(_layer(nn.Linear(32 * h * w, self.out_size), ortho=ortho), nn.ReLU())
+
+    def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.hwc:
+            obs = obs.permute(0, 3, 1, 2)
+        return obs.float().mul_(1.0 / 255.0).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.convs(x))
 
 
 class TinyEncoder(nn.Module):
-    """Every eighth pixel of each frame (84 x 84 -> 11 x 11) and one 32-unit layer: a model whose
-    inference and learning cost next to nothing beside an Atari env step (Pong: ~0.2% of the
-    Nature CNN's multiply-adds; learning ~0.02 core-ms per sample against ~0.25 for the env
-    step, where every 4th pixel and 64 units cost 0.04), to measure the engine's own overhead.
-    It does not learn Atari games well."""
+    """Every eighth pixel of each frame and one 32-unit layer: a model whose inference and
+    learning cost next to nothing beside an env step, to measure the engine's own overhead. It
+    does not learn Atari games well."""
 
     STRIDE = 8
 
-    def __init__(self, obs_shape: Tuple[int, int, int]):
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
         super().__init__()
-        c, h, w = obs_shape
+        self.hwc, (c, h, w) = hwc, chw
         n_in = c * -(-h // self.STRIDE) * -(-w // self.STRIDE)
         self.out_size = 32
-        self.fc = nn.Sequential(nn.Flatten(), _layer(nn.Linear(n_in, self.out_size)), nn.ReLU())
+        self.fc = nn.Sequential(nn.Flatten(), _layer(nn.Linear(n_in, self.out_size), ortho=ortho),
+                                nn.ReLU())
 
-    @classmethod
-    def scale(cls, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """uint8 frames -> the subsampled frames as float in [0, 1] (into ``out`` when given)."""
-        s = cls.STRIDE
-        small = obs[..., ::s, ::s]
-        if out is None:
+    def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.hwc:
+            obs = obs.permute(0, 3, 1, 2)
+        small = obs[..., ::self.STRIDE, ::self.STRIDE]
+        if out is None or out.shape != small.shape:
             out = torch.empty(small.shape, device=obs.device)
         return out.copy_(small).mul_(1.0 / 255.0)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """uint8 frames, or frames already through ``scale``."""
-        return self.fc(self.scale(obs) if obs.dtype == torch.uint8 else obs)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool) -> nn.Module:
+    hwc = channel_last(space)
+    chw = (space.shape[2], space.shape[0], space.shape[1]) if hwc else tuple(space.shape)
+    if cnn == "tiny":
+        return TinyEncoder(chw, hwc, ortho)
+    if min(chw[1:]) < NATURE_MIN_SIZE:
+        return SmallCNN(chw, hwc, ortho)
+    return NatureCNN(chw, hwc, ortho)
+
+
+def onehot_size(space: gym.Space) -> int:
+    return int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.sum(space.nvec))
+
+
+def preprocess_leaf(space: gym.Space, x: torch.Tensor, sb3: bool) -> torch.Tensor:
+    """A stored leaf as a network input (float): Discrete/MultiDiscrete one-hot (the per-dimension
+    one-hots concatenated), the rest flattened to [N, -1] except images; uint8 over 0..255
+    scaled to [0, 1] (SB3's convention, ``sb3``: images only, [C, H, W])."""
+    n = x.shape[0]
+    if isinstance(space, gym.spaces.Discrete):
+        return F.one_hot(x.long(), int(space.n)).float()
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        nvec = np.asarray(space.nvec).reshape(-1)
+        cols = x.long().reshape(n, -1)
+        return torch.cat([F.one_hot(cols[:, i], int(k)).float() for i, k in enumerate(nvec)], -1)
+    if sb3 and is_image(space):
+        x = x.permute(0, 3, 1, 2) if channel_last(space) else x
+        return x.float().div_(255.0).contiguous()
+    x = x.reshape(n, -1).float()
+    return x.div_(255.0) if scaled_uint8(space) and not sb3 else x
+
+
+def normalized_keys(spec: EnvSpec) -> List[str]:
+    """Leaves a running observation normaliser applies to: non-image float-valued Boxes."""
+    return [k for k, (_, s) in spec.leaves.items()
+            if isinstance(s, gym.spaces.Box) and not is_image(s) and not scaled_uint8(s)]
+
+
+def sb3_space(space: gym.Space) -> gym.Space:
+    """The space as SB3's policies see it: channel-last images transposed (VecTransposeImage)."""
+    if is_image(space) and channel_last(space):
+        return gym.spaces.Box(np.transpose(space.low, (2, 0, 1)), np.transpose(space.high, (2, 0, 1)),
+                              dtype=space.dtype)
+    return space
 
 
 class ActorCritic(nn.Module):
-    """Categorical policy and state value. Vector observations get separate actor and critic
-    MLPs; images share one trunk (the Nature CNN, or ``TinyEncoder`` with cnn="tiny")."""
-
-    def __init__(self, obs_space: gym.spaces.Box, action_space: gym.spaces.Discrete, cfg: Config):
+    def __init__(self, spec: PolicySpec, cfg: Config):
         super().__init__()
-        n_actions = int(action_space.n)
-        if is_image_space(obs_space):
-            self.actor_body = (TinyEncoder if cfg.cnn == "tiny" else NatureCNN)(obs_space.shape)
-            self.critic_body = None
-            feat = self.actor_body.out_size
+        kw = check_policy_kwargs(spec.policy_kwargs or {}, spec.policy is not None)
+        env = spec.env
+        self.keys, self.bare = list(env.leaves), env.bare
+        self.spaces = [env.leaves[k][1] for k in self.keys]
+        self.dist = make_distribution(env.action_space, kw.get("log_std_init", 0.0))
+        self.norm_keys = normalized_keys(env) if cfg.normalize_obs else []
+        self.obs_norm = nn.ModuleList([RunningNorm((int(np.prod(env.leaves[k][1].shape)),))
+                                       for k in self.norm_keys])
+        self.value_norm = RunningNorm((), clip=None) if cfg.normalize_returns else None
+        custom = spec.policy is not None or "features_extractor_class" in kw
+        self.sb3 = custom  # SB3's preprocessing for code written for SB3
+        ortho = kw.get("ortho_init", True)
+        if spec.policy is not None:
+            self.net = spec.policy(sb3_observation_space(env), env.action_space,
+                                   self.dist.param_size, **kw)
+            self.encoders = None
+            return
+        act = kw.get("activation_fn", ACTIVATIONS[cfg.activation])
+        self.encoders = self._extractor(env, cfg, kw, ortho)
+        self.vf_encoders = None if kw.get("share_features_extractor", True) else \
+            self._extractor(env, cfg, kw, ortho)
+        features = self._features_dim(self.encoders)
+        images_only = all(is_image(s) for s in self.spaces) and "features_extractor_class" not in kw
+        pi_arch, vf_arch = parse_net_arch(kw.get("net_arch", [] if images_only else list(cfg.hidden_sizes)))
+        self.pi_net, self.vf_net = mlp(features, pi_arch, act, ortho), mlp(features, vf_arch, act, ortho)
+        self.action_head = _layer(nn.Linear(pi_arch[-1] if pi_arch else features, self.dist.param_size),
+                                  0.01, ortho)
+        self.value_head = _layer(nn.Linear(vf_arch[-1] if vf_arch else features, 1), 1.0, ortho)
+        self.act_fn = act
+
+    @classmethod
+    def from_spaces(cls, observation_space: gym.Space, action_space: gym.Space,
+                    cfg: Optional[Config] = None, **policy_kwargs) -> "ActorCritic":
+        """The model for these spaces (no action masks), outside an APPO: tests, benchmarks."""
+        return cls(PolicySpec(EnvSpec(observation_space, action_space), None, policy_kwargs),
+                   cfg or Config())
+
+    def _extractor(self, env: EnvSpec, cfg: Config, kw: dict, ortho: bool) -> nn.Module:
+        cls = kw.get("features_extractor_class")
+        if cls is not None:
+            return cls(sb3_observation_space(env), **kw.get("features_extractor_kwargs", {}))
+        return nn.ModuleList([image_encoder(s, cfg.cnn, ortho) if is_image(s) else nn.Flatten()
+                              for s in self.spaces])
+
+    def _features_dim(self, encoders: nn.Module) -> int:
+        if isinstance(encoders, nn.ModuleList):
+            return sum(e.out_size if hasattr(e, "out_size") else
+                       (onehot_size(s) if isinstance(s, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+                        else int(np.prod(s.shape if isinstance(s, gym.spaces.Box) else np.atleast_1d(s.n))))
+                       for e, s in zip(encoders, self.spaces))
+        dim = getattr(encoders, "features_dim", None)
+        if not isinstance(dim, int) or dim < 1:
+            raise ConfigError(f"features_extractor_class {type(encoders).__name__} has no positive "
+                              "integer features_dim (SB3's BaseFeaturesExtractor sets it)")
+        return dim
+
+    # --- the contract ---------------------------------------------------------------------
+    def prepare(self, obs: Dict[str, torch.Tensor], cache: Optional[dict] = None) -> Dict[str, torch.Tensor]:
+        """Stored leaves -> network inputs; image encoders scale into ``cache``'s reused buffers."""
+        out = {}
+        for i, (key, space) in enumerate(zip(self.keys, self.spaces)):
+            enc = self.encoders[i] if isinstance(self.encoders, nn.ModuleList) else None
+            if enc is not None and hasattr(enc, "scale"):
+                out[key] = enc.scale(obs[key], None if cache is None else cache.get(key))
+                if cache is not None:
+                    cache[key] = out[key]
+            else:
+                out[key] = preprocess_leaf(space, obs[key], self.sb3)
+        return out
+
+    def forward(self, obs: Dict[str, torch.Tensor], prepared: bool = False):
+        """obs {key: [N, ...]} (or a tensor, for a bare space) -> (dist params [N, P], values [N])."""
+        if torch.is_tensor(obs):
+            obs = {"obs": obs}
+        x = obs if prepared else self.prepare(obs)
+        if self.norm_keys:
+            x = dict(x)
+            for key, norm in zip(self.norm_keys, self.obs_norm):
+                x[key] = norm(x[key])
+        if self.encoders is None:
+            params, values = self.net(x["obs"] if self.bare else x)
         else:
-            in_size = int(np.prod(obs_space.shape))
-            self.actor_body = mlp(in_size, cfg.hidden_sizes, cfg.activation)
-            self.critic_body = mlp(in_size, cfg.hidden_sizes, cfg.activation)
-            feat = cfg.hidden_sizes[-1]
-        self.policy_head = _layer(nn.Linear(feat, n_actions), gain=0.01)
-        self.value_head = _layer(nn.Linear(feat, 1), gain=1.0)
-        self.image = self.critic_body is None
-        if self.image:
-            self.to(memory_format=torch.channels_last)  # only the 4-d conv weights change
+            pi_feat = self._features(self.encoders, x)
+            vf_feat = pi_feat if self.vf_encoders is None else self._features(self.vf_encoders, x)
+            params = self.action_head(self.pi_net(pi_feat))
+            values = self.value_head(self.vf_net(vf_feat)).squeeze(-1)
+        if self.value_norm is not None:
+            values = self.value_norm.denormalize(values)
+        return params, values
 
-    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """obs [N, *obs_shape] -> (logits [N, A], values [N])."""
-        if self.image:
-            feat = self.actor_body(obs)
-            return self.policy_head(feat), self.value_head(feat).squeeze(-1)
-        x = obs.reshape(obs.shape[0], -1).float()
-        return self.policy_head(self.actor_body(x)), self.value_head(self.critic_body(x)).squeeze(-1)
+    def _features(self, encoders: nn.Module, x: Dict[str, torch.Tensor]) -> torch.Tensor:
+        if isinstance(encoders, nn.ModuleList):
+            feats = [enc(x[k]) for enc, k in zip(encoders, self.keys)]
+            return feats[0] if len(feats) == 1 else torch.cat(feats, -1)
+        return encoders(x["obs"] if self.bare else x)
 
     @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = False):
-        """Returns (actions [N] int64, log_probs [N], values [N])."""
-        return sample_actions(*self(obs), deterministic)
+    def act(self, obs: Dict[str, torch.Tensor], mask: Optional[torch.Tensor] = None,
+            deterministic: bool = False):
+        """(actions [N, action_size], log_probs [N], values [N])."""
+        params, values = self(obs)
+        actions, log_probs = self.dist.sample(params, mask, deterministic)
+        return actions, log_probs, values
+
+    def evaluate(self, obs: Dict[str, torch.Tensor], actions: torch.Tensor,
+                 mask: Optional[torch.Tensor] = None, prepared: bool = True):
+        """(log_probs [N], entropy [N], values [N]) of stored ``actions``, with grad."""
+        params, values = self(obs, prepared=prepared)
+        log_probs, entropy = self.dist.log_prob_entropy(params, actions, mask)
+        return log_probs, entropy, values
 
     @torch.no_grad()
-    def fused_forward(self):
-        """An inference-only ``obs -> (logits, values)`` equal to ``forward``, with the actor and
-        critic MLPs fused into one block-diagonal MLP (3 matmuls instead of 6, no module calls).
-        Rebuild it after the weights change. Image models return ``forward`` itself."""
-        if self.image:
+    def update_normalizers(self, obs: Dict[str, torch.Tensor], returns: Optional[torch.Tensor]) -> None:
+        """Fold a batch's prepared observations and value targets into the running statistics."""
+        for key, norm in zip(self.norm_keys, self.obs_norm):
+            norm.update(obs[key])
+        if self.value_norm is not None and returns is not None:
+            self.value_norm.update(returns)
+
+    def normalize_values(self, values: torch.Tensor) -> torch.Tensor:
+        """Values in the scale the value head learns in (identity without return normalisation)."""
+        return values if self.value_norm is None else (values - self.value_norm.mean) / self.value_norm.std()
+
+    @torch.no_grad()
+    def fused_forward(self) -> Callable:
+        """An inference-only ``forward`` with the policy and value MLPs of a vector-only model
+        fused into one block-diagonal MLP (half the matmuls, no module calls). Rebuild it after
+        the weights change. Other models return ``forward`` itself."""
+        fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
+                   and all(isinstance(e, nn.Flatten) for e in self.encoders)
+                   and len(self.pi_net) == len(self.vf_net) and self.act_fn in (nn.Tanh, nn.ReLU))
+        if not fusable:
             return self.forward
-        act = torch.tanh if isinstance(self.actor_body[1], nn.Tanh) else torch.relu
-        actor = [m for m in self.actor_body if isinstance(m, nn.Linear)] + [self.policy_head]
-        critic = [m for m in self.critic_body if isinstance(m, nn.Linear)] + [self.value_head]
+        act = torch.tanh if self.act_fn is nn.Tanh else torch.relu
+        actor = [m for m in self.pi_net if isinstance(m, nn.Linear)] + [self.action_head]
+        critic = [m for m in self.vf_net if isinstance(m, nn.Linear)] + [self.value_head]
         weights, biases = [], []
         for i, (a, c) in enumerate(zip(actor, critic)):
             w = torch.cat([a.weight, c.weight]) if i == 0 else torch.block_diag(a.weight, c.weight)
             weights.append(w.detach().clone())
             biases.append(torch.cat([a.bias, c.bias]).detach().clone())
-        n_actions = self.policy_head.out_features
+        p = self.dist.param_size
+        norms = dict(zip(self.norm_keys, self.obs_norm))
+        value_norm = self.value_norm
 
-        def forward(obs: torch.Tensor):
-            x = obs.reshape(obs.shape[0], -1).float()
+        def forward(obs: Dict[str, torch.Tensor]):
+            x = self.prepare(obs)
+            feats = [norms[k](x[k]) if k in norms else x[k] for k in self.keys]
+            x = feats[0] if len(feats) == 1 else torch.cat(feats, -1)
             for w, b in zip(weights[:-1], biases[:-1]):
                 x = act(F.linear(x, w, b))
             out = F.linear(x, weights[-1], biases[-1])
-            return out[:, :n_actions], out[:, n_actions]
+            values = out[:, p]
+            return out[:, :p], values if value_norm is None else value_norm.denormalize(values)
         return forward
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
-        """Returns (log_probs [N], entropy [N], values [N]) of the given actions, with grad."""
-        logits, values = self(obs)
-        log_probs_all = F.log_softmax(logits, dim=-1)
-        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1)
-        return log_probs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy, values
+
+def sb3_observation_space(env: EnvSpec) -> gym.Space:
+    """What a custom network or SB3 extractor is built with: the bare space, or a one-level Dict
+    of the leaves (channel-last images transposed, as SB3 does)."""
+    if env.bare:
+        return sb3_space(env.leaves["obs"][1])
+    return gym.spaces.Dict({k: sb3_space(s) for k, (_, s) in env.leaves.items()})
 
 
-def sample_actions(logits: torch.Tensor, values: torch.Tensor, deterministic: bool = False):
-    """Categorical sampling by the Gumbel-max trick: (actions, log_probs, values)."""
-    log_probs_all = F.log_softmax(logits, dim=-1)
-    if deterministic:
-        actions = logits.argmax(dim=-1)
-    else:
-        noise = torch.empty_like(logits).exponential_().log_()  # log(Exp(1)) = -Gumbel
-        actions = (logits - noise).argmax(dim=-1)
-    return actions, log_probs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1), values
+def parse_net_arch(net_arch: Any) -> Tuple[List[int], List[int]]:
+    """SB3's ``net_arch``: a list (the same widths for policy and value) or dict(pi=[...], vf=[...])."""
+    def widths(v, what):
+        if not isinstance(v, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                      and h >= 1 for h in v):
+            raise ConfigError(f"policy_kwargs net_arch{what}={v!r}: expected a list of positive "
+                              "integers, e.g. [64, 64], or dict(pi=[64, 64], vf=[64, 64])")
+        return list(v)
+    if isinstance(net_arch, dict):
+        extra = set(net_arch) - {"pi", "vf"}
+        if extra:
+            raise ConfigError(f"policy_kwargs net_arch has keys {sorted(extra)}; only 'pi' and "
+                              "'vf' (SB3's spelling), e.g. dict(pi=[64, 64], vf=[256, 256])")
+        return widths(net_arch.get("pi", []), "['pi']"), widths(net_arch.get("vf", []), "['vf']")
+    w = widths(net_arch, "")
+    return w, list(w)
+
+
+def check_policy_kwargs(kw: dict, custom_policy: bool) -> dict:
+    if not isinstance(kw, dict):
+        raise ConfigError(f"policy_kwargs={kw!r}: expected a dict, e.g. dict(net_arch=[64, 64])")
+    unknown = sorted(set(kw) - set(POLICY_KWARGS))
+    if unknown and not custom_policy:
+        raise ConfigError(f"policy_kwargs: unknown key(s) {unknown}; the built-in policy takes "
+                          f"{list(POLICY_KWARGS)} (a custom policy= class receives its own)")
+    act = kw.get("activation_fn")
+    if act is not None and not (isinstance(act, type) and issubclass(act, nn.Module)):
+        raise ConfigError(f"policy_kwargs activation_fn={act!r}: expected an nn.Module class such "
+                          "as torch.nn.ReLU (the class, not an instance)")
+    fe = kw.get("features_extractor_class")
+    if fe is not None and not (isinstance(fe, type) and issubclass(fe, nn.Module)):
+        raise ConfigError(f"policy_kwargs features_extractor_class={fe!r}: expected an nn.Module "
+                          "class (e.g. a subclass of SB3's BaseFeaturesExtractor)")
+    if "net_arch" in kw:
+        parse_net_arch(kw["net_arch"])
+    return kw
+
+
+def build_checked(spec: PolicySpec, cfg: Config) -> ActorCritic:
+    """Build the model in the main process and run it on two sampled observations, so that a
+    custom extractor or network that does not fit fails here, naming what is wrong."""
+    try:
+        model = ActorCritic(spec, cfg)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"building the model failed ({type(e).__name__}: {e}); check "
+                          "policy_kwargs / policy") from e
+    space = spec.env.observation_space
+    arrays, n, _ = spec.env.batch_obs([space.sample(), space.sample()] if spec.env.bare else
+                                      _stack_samples(space, 2))
+    obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
+    try:
+        with torch.no_grad():
+            params, values = model(obs)
+    except Exception as e:
+        what = ("features_extractor_class" if "features_extractor_class" in (spec.policy_kwargs or {})
+                else "policy" if spec.policy is not None else "the model")
+        raise ConfigError(f"{what} failed on a batch of 2 sampled observations "
+                          f"({type(e).__name__}: {e}); if its output width is not features_dim, "
+                          "fix features_dim") from e
+    if tuple(params.shape) != (n, model.dist.param_size) or tuple(values.shape) != (n,):
+        raise ConfigError(f"the policy returned params {tuple(params.shape)} and values "
+                          f"{tuple(values.shape)} for 2 observations; expected ({n}, "
+                          f"{model.dist.param_size}) and ({n},)")
+    return model
+
+
+def _stack_samples(space: gym.Space, n: int) -> Any:
+    """n samples of a Dict/Tuple space, batched per key (what predict accepts)."""
+    samples = [space.sample() for _ in range(n)]
+
+    def stack(items, sp):
+        if isinstance(sp, gym.spaces.Dict):
+            return {k: stack([it[k] for it in items], s) for k, s in sp.spaces.items()}
+        if isinstance(sp, gym.spaces.Tuple):
+            return tuple(stack([it[i] for it in items], s) for i, s in enumerate(sp.spaces))
+        return np.stack([np.asarray(it) for it in items])
+    return stack(samples, space)

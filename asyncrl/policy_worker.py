@@ -15,18 +15,19 @@ import torch
 from .buffers import SharedControl, SharedWeights, TrajectoryBuffers
 from .config import Config
 from .messages import Report, ReportKind
-from .models import ActorCritic, sample_actions
+from .models import ActorCritic, PolicySpec
+from .spaces import MASK_KEY
 from .timing import StageTimer
 
 REPORT_INTERVAL = 1.0
 
 
 class PolicyWorker:
-    def __init__(self, cfg: Config, policy_idx: int, obs_space, action_space, device: str,
+    def __init__(self, cfg: Config, policy_idx: int, policy_spec: PolicySpec, device: str,
                  buffers: TrajectoryBuffers, weights: SharedWeights, ctl: SharedControl, queues,
                  serial: bool = False):
         self.cfg, self.policy_idx, self.device = cfg, policy_idx, torch.device(device)
-        self.obs_space, self.action_space = obs_space, action_space
+        self.policy_spec = policy_spec
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
         self.name = f"policy-{policy_idx}"
         self.request_queue = queues.policy_request[policy_idx]
@@ -37,19 +38,25 @@ class PolicyWorker:
     def init(self) -> None:
         if self.cfg.seed is not None:
             torch.manual_seed(self.cfg.seed + 10_000 + self.policy_idx)
-        self.model = ActorCritic(self.obs_space, self.action_space, self.cfg).to(self.device)
+        self.model = ActorCritic(self.policy_spec, self.cfg).to(self.device)
         self.model.eval()
         b = self.buffers  # numpy views: small fancy-indexed copies are cheaper than in torch
-        self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
-        self.log_probs_np, self.values_np = b.log_probs.numpy(), b.values.numpy()
-        self.versions_np = b.policy_versions.numpy()
+        arrays = b.numpy()
         self.incarnation_np, self.ticks_np = b.incarnation.numpy(), b.policy_ticks.numpy()
-        S, T1, E = self.obs_np.shape[:3]
-        self.obs_flat_np, self.steps_per_slot = self.obs_np.reshape(S * T1, E, *self.obs_np.shape[3:]), T1
+        # Observed entries flattened to [S * (T+1), E, ...], gathered by slot * (T+1) + t into
+        # (pinned) staging buffers; the results are written back into the step entries.
+        S, T1, E = arrays["log_probs"].shape[0], arrays["log_probs"].shape[1] + 1, arrays["log_probs"].shape[2]
+        self.steps_per_slot = T1
         max_requests = 2 * len(self.action_ready_queues)  # each group has one request in flight at most
-        self.staging = torch.empty((max_requests, E, *self.obs_np.shape[3:]), dtype=b.obs.dtype,
-                                   pin_memory=self.device.type == "cuda")
-        self.staging_np = self.staging.numpy()
+        pin = self.device.type == "cuda"
+        self.observed = {}  # name -> (flat source, staging tensor, its numpy view)
+        for name in b.obs_names():
+            src = arrays[name]
+            staging = torch.empty((max_requests, E, *src.shape[3:]), dtype=b.tensors[name].dtype,
+                                  pin_memory=pin)
+            self.observed[name] = (src.reshape(S * T1, E, *src.shape[3:]), staging, staging.numpy())
+        self.actions_np, self.log_probs_np = arrays["actions"], arrays["log_probs"]
+        self.values_np, self.versions_np = arrays["values"], arrays["policy_versions"]
         self.version, _ = self.weights.load(self.model)
         self.forward = self.model.fused_forward()
         self.last_report = time.perf_counter()
@@ -106,15 +113,21 @@ class PolicyWorker:
         slot_idx = np.array([r.slot_idx for r in requests])
         t_idx = np.array([r.t for r in requests])
         num_requests = len(requests)
-        # One gather of [R, E, *obs_shape] straight into the (pinned) staging buffer.
-        obs = np.take(self.obs_flat_np, slot_idx * self.steps_per_slot + t_idx, axis=0,
-                      out=self.staging_np[:num_requests])
-        obs = self.staging[:num_requests].flatten(0, 1)
-        if self.device.type == "cuda":
-            obs = obs.to(self.device, non_blocking=True)
-        actions, log_probs, values = sample_actions(*self.forward(obs))
-        shape = (num_requests, obs.shape[0] // num_requests)
-        self.actions_np[slot_idx, t_idx] = actions.cpu().numpy().reshape(shape)
+        rows = slot_idx * self.steps_per_slot + t_idx
+        inputs = {}
+        for name, (src, staging, staging_np) in self.observed.items():
+            # One gather of [R, E, ...] straight into the (pinned) staging buffer.
+            np.take(src, rows, axis=0, out=staging_np[:num_requests])
+            x = staging[:num_requests].flatten(0, 1)
+            if self.device.type == "cuda":
+                x = x.to(self.device, non_blocking=True)
+            inputs[name] = x
+        mask = inputs.pop(MASK_KEY, None)
+        obs = {name[4:]: x for name, x in inputs.items()}  # "obs/<key>" -> key
+        params, values = self.forward(obs)
+        actions, log_probs = self.model.dist.sample(params, mask)
+        shape = (num_requests, -1)
+        self.actions_np[slot_idx, t_idx] = actions.cpu().numpy().reshape(*shape, actions.shape[-1])
         self.log_probs_np[slot_idx, t_idx] = log_probs.cpu().numpy().reshape(shape)
         self.values_np[slot_idx, t_idx] = values.cpu().numpy().reshape(shape)
         self.versions_np[slot_idx, t_idx] = self.version

@@ -9,14 +9,16 @@ import pickle
 import queue
 import time
 import traceback
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from .buffers import Ctl, SharedControl, TrajectoryBuffers
 from .config import Config
+from .distributions import make_distribution, mask_sizes
 from .ipc import SLOTS_FREED
 from .messages import PolicyRequest, Report, ReportKind
+from .spaces import MASK_KEY, EnvSpec, ObsWriter, read_mask
 from .timing import StageTimer
 
 REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
@@ -25,20 +27,22 @@ REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
 class EnvGroup:
     """Half of a worker's envs and the trajectory slot they are writing."""
 
-    def __init__(self, envs: list, obs_shape: tuple, obs_dtype):
+    def __init__(self, envs: list, observed: Dict[str, np.ndarray]):
         self.envs = envs
         self.slot_idx: Optional[int] = None  # None: waiting for a free slot
         self.t = 0
-        self.last_obs = np.zeros((len(envs), *obs_shape), obs_dtype)  # obs[T] of the last slot
+        # row T of the last slot (observations and mask), the next slot's row 0
+        self.last_obs = {name: np.zeros((len(envs), *a.shape[3:]), a.dtype) for name, a in observed.items()}
         self.ep_return = [0.0] * len(envs)
         self.ep_length = [0] * len(envs)
         self.failures = [0] * len(envs)  # restarts since the env last completed a step
 
 
 class RolloutWorker:
-    def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, buffers: TrajectoryBuffers,
-                 ctl: SharedControl, queues, serial: bool = False):
+    def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, env_spec: EnvSpec,
+                 buffers: TrajectoryBuffers, ctl: SharedControl, queues, serial: bool = False):
         self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
+        self.env_spec = env_spec
         self.buffers, self.ctl, self.serial = buffers, ctl, serial
         self.name = f"rollout-{worker_idx}"
         self.request_queue = queues.policy_request[worker_idx % cfg.num_policy_workers]
@@ -61,22 +65,29 @@ class RolloutWorker:
         except Exception as e:
             raise RuntimeError(f"{self.name} could not unpickle the env factory ({type(e).__name__}: "
                                f"{e}); define it in a module the worker processes can import") from e
-        self.obs_np, self.actions_np = b.obs.numpy(), b.actions.numpy()
-        self.rewards_np, self.dones_np = b.rewards.numpy(), b.dones.numpy()
-        self.truncated_np, self.versions_np = b.truncated.numpy(), b.policy_versions.numpy()
+        arrays = b.numpy()
+        self.observed = {name: arrays[name] for name in b.obs_names()}  # [S, T+1, E, ...]
+        self.float_obs = [name for name, a in self.observed.items() if a.dtype.kind == "f"]
+        self.actions_np, self.rewards_np = arrays["actions"], arrays["rewards"]
+        self.dones_np, self.truncated_np = arrays["dones"], arrays["truncated"]
+        self.versions_np = arrays["policy_versions"]
         self.slot_owner_np = b.slot_owner.numpy()
+        self.write_obs = ObsWriter(self.env_spec)
+        self.dist = make_distribution(self.env_spec.action_space)
+        self.mask_source = self.env_spec.mask_source if self.env_spec.mask_source != "obs" else None
+        self.mask_sizes = mask_sizes(self.dist) if self.env_spec.mask_source else []
         # A replacement for a killed worker: new env seeds, and no stale "actions ready" message
         # (the main process moved the incarnation first, so policy workers send no more).
         self.incarnation = int(b.incarnation[self.worker_idx])
         self.action_ready_queue.drain()
-        obs_shape, obs_dtype = self.obs_np.shape[3:], self.obs_np.dtype
         E = cfg.envs_per_group
         for g in range(2):
-            group = EnvGroup([None] * E, obs_shape, obs_dtype)
+            group = EnvGroup([None] * E, self.observed)
             for i in range(E):
                 seed = (cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
                         + 7_919 * cfg.num_envs_per_worker * self.incarnation) % 2 ** 31
-                group.last_obs[i] = self._start_env(group, i, seed)
+                self._write(group.last_obs, i, group.envs, *self._start_env(group, i, seed))
+            self._check_masks(group.last_obs, g)
             self.groups.append(group)
         self.last_report = time.perf_counter()
         self.last_progress = time.perf_counter()
@@ -126,8 +137,9 @@ class RolloutWorker:
     def _step_group(self, group: EnvGroup, group_idx: int) -> None:
         slot, t = group.slot_idx, group.t
         with self.timer("env_step"):
-            actions = self.actions_np[slot, t].tolist()
-            obs_out, rewards_out = self.obs_np[slot, t + 1], self.rewards_np[slot, t]
+            actions = self.dist.to_env(self.actions_np[slot, t])
+            obs_out = {name: a[slot, t + 1] for name, a in self.observed.items()}
+            rewards_out = self.rewards_np[slot, t]
             dones_out, truncated_out = self.dones_np[slot, t], self.truncated_np[slot, t]
             ep_return, ep_length, failures = group.ep_return, group.ep_length, group.failures
             for i, env in enumerate(group.envs):
@@ -144,16 +156,17 @@ class RolloutWorker:
                         if info.get("game_over", True):
                             self.episodes.append((ep_return[i], ep_length[i]))
                             ep_return[i], ep_length[i] = 0.0, 0
-                        obs, _ = env.reset()
+                        obs, info = env.reset()
                 except Exception:
                     if self.cfg.on_env_error == "abort":
                         raise
-                    obs, reward, done, terminated, truncated = self._restart_env(group, i, slot, t)
-                obs_out[i] = obs
+                    obs, info, reward, done, terminated, truncated = self._restart_env(group, i, slot, t)
+                self._write(obs_out, i, group.envs, obs, info)
                 rewards_out[i] = reward
                 dones_out[i] = done
                 truncated_out[i] = truncated and not terminated
         self._check_finite(rewards_out, obs_out, group_idx)
+        self._check_masks(obs_out, group_idx)
         self.steps_since_report += len(group.envs)
         group.t = t + 1
         if group.t < self.cfg.rollout:
@@ -162,7 +175,8 @@ class RolloutWorker:
             return
         # The slot is full: keep its last obs (the next slot's first), hand it to the learner
         # (disowned first: were this worker killed in between, the slot is lost, not doubled).
-        group.last_obs[:] = self.obs_np[slot, group.t]
+        for name, a in self.observed.items():
+            group.last_obs[name][:] = a[slot, group.t]
         self.slot_owner_np[slot] = -1
         self.full_slot_queue.put(slot)
         group.slot_idx = None
@@ -171,17 +185,38 @@ class RolloutWorker:
     def _restart_env(self, group: EnvGroup, i: int, slot: int, t: int) -> tuple:
         """The env raised in step or reset: replace it with a new one and drop the samples it
         wrote into this slot (policy version -1: the learner masks them), so the broken
-        episode is not mixed with the new one. Returns what the step writes: the new first obs,
-        reward 0, done (nothing bootstraps across), terminated, not truncated."""
+        episode is not mixed with the new one. Returns what the step writes: the new first obs
+        and info, reward 0, done (nothing bootstraps across), terminated, not truncated."""
         self._count_failure(group, i, traceback.format_exc())
-        obs = self._start_env(group, i, seed=int(np.random.randint(2 ** 31)))
+        obs, info = self._start_env(group, i, seed=int(np.random.randint(2 ** 31)))
         self.versions_np[slot, :t + 1, i] = -1
         group.ep_return[i], group.ep_length[i] = 0.0, 0
-        return obs, 0.0, True, True, False
+        return obs, info, 0.0, True, True, False
 
-    def _start_env(self, group: EnvGroup, i: int, seed: int) -> np.ndarray:
+    def _write(self, views: Dict[str, np.ndarray], i: int, envs: list, obs, info) -> None:
+        """Env ``i``'s observation (and the mask of its legal actions) into ``views``."""
+        self.write_obs(views, i, obs)
+        if self.mask_source is not None:
+            views[MASK_KEY][i] = np.asarray(read_mask(envs[i], self.mask_source, obs, info),
+                                            bool).reshape(-1)
+
+    def _check_masks(self, views: Dict[str, np.ndarray], group_idx: int) -> None:
+        """A mask that leaves some action dimension with no legal action: fail naming the env."""
+        if not self.mask_sizes:
+            return
+        starts = np.cumsum([0] + self.mask_sizes[:-1])
+        ok = np.add.reduceat(views[MASK_KEY], starts, axis=1) > 0
+        if ok.all():
+            return
+        i = int(np.flatnonzero(~ok.all(axis=1))[0])
+        env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * len(ok) + i
+        raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}): its action mask "
+                         f"allows no action in dimension {int(np.flatnonzero(~ok[i])[0])}; every "
+                         "observation needs at least one legal action per dimension")
+
+    def _start_env(self, group: EnvGroup, i: int, seed: int) -> tuple:
         """Put a new env in place ``i`` of the group (closing the one there) and reset it; returns
-        its first observation. With on_env_error="restart" a new env that fails to build or
+        its first observation and info. With on_env_error="restart" a new env that fails to build or
         reset (at start-up too) is replaced again, each failure counting towards the crash
         loop limit; with "abort" the first error ends the run."""
         while True:
@@ -198,8 +233,7 @@ class RolloutWorker:
                 self.envs.append(env)
                 group.envs[i] = env
                 env.action_space.seed(seed)
-                obs, _ = env.reset(seed=seed)
-                return obs
+                return env.reset(seed=seed)
             except Exception:
                 if self.cfg.on_env_error == "abort":
                     raise
@@ -215,13 +249,14 @@ class RolloutWorker:
                                f"{self.cfg.max_env_restarts}): a crash loop; its last "
                                f"error:\n{error}")
 
-    def _check_finite(self, rewards: np.ndarray, obs: np.ndarray, group_idx: int) -> None:
+    def _check_finite(self, rewards: np.ndarray, obs: Dict[str, np.ndarray], group_idx: int) -> None:
         """A NaN or Inf from an env would poison the learner: fail naming the env."""
-        if np.isfinite(rewards).all() and (obs.dtype.kind != "f" or np.isfinite(obs).all()):
-            return  # the per-step cost: two reductions, no allocation of per-env flags
+        if np.isfinite(rewards).all() and all(np.isfinite(obs[n]).all() for n in self.float_obs):
+            return  # the per-step cost: a reduction per float entry, no per-env flags
         bad_reward = ~np.isfinite(rewards)
-        bad_obs = (~np.isfinite(obs.reshape(len(obs), -1)).all(axis=1) if obs.dtype.kind == "f"
-                   else np.zeros(len(obs), bool))
+        bad_obs = np.zeros(len(rewards), bool)
+        for n in self.float_obs:
+            bad_obs |= ~np.isfinite(obs[n].reshape(len(rewards), -1)).all(axis=1)
         i = int(np.flatnonzero(bad_reward | bad_obs)[0])
         what = f"reward {rewards[i]}" if bad_reward[i] else "observation with NaN/Inf"
         env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * len(rewards) + i
@@ -239,7 +274,8 @@ class RolloutWorker:
             except queue.Empty:
                 continue
             self.slot_owner_np[slot] = self.worker_idx  # reclaimed if this worker is killed
-            self.obs_np[slot, 0] = group.last_obs
+            for name, a in self.observed.items():
+                a[slot, 0] = group.last_obs[name]
             group.slot_idx, group.t = slot, 0
             self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, 0,
                                                  self.incarnation))

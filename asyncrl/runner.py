@@ -31,12 +31,12 @@ import torch.multiprocessing as mp
 from multiprocessing import util as mp_util
 
 from . import ipc
-from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
+from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers, buffer_spec
 from .config import Config, ConfigError
-from .env_utils import storage_dtype
 from .learner import Learner, snapshot_path
 from .logger import TrainLogger
 from .messages import Report, ReportKind
+from .models import PolicySpec
 from .policy_worker import PolicyWorker
 from .rollout_worker import RolloutWorker
 
@@ -298,17 +298,18 @@ class Runner:
     keep their episodes, workers their processes), shut down by ``close()``, an error, garbage
     collection or interpreter exit."""
 
-    def __init__(self, cfg: Config, env_factory: Callable, obs_space, action_space, device: str,
+    def __init__(self, cfg: Config, env_factory: Callable, policy_spec: PolicySpec, device: str,
                  model: torch.nn.Module, optimizer_path: str, logger: TrainLogger, graph_idx: int = 0):
         # A graph started after an error draws fresh env resets and sampling noise.
         self.base_cfg = cfg
         self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * graph_idx) % 2 ** 31)
         self.env_factory, self.device = env_factory, device
-        self.obs_space, self.action_space = obs_space, action_space
+        self.policy_spec = policy_spec
         self.optimizer_path, self.logger = optimizer_path, logger
         self.version = self.trained_env_steps = None  # set by run()
-        check_shm_space(TrajectoryBuffers.nbytes(cfg, obs_space.shape, storage_dtype(obs_space)))
-        self.buffers = TrajectoryBuffers(cfg, obs_space.shape, storage_dtype(obs_space))
+        spec = buffer_spec(policy_spec.env, model.dist)
+        check_shm_space(TrajectoryBuffers.nbytes(cfg, spec))
+        self.buffers = TrajectoryBuffers(cfg, spec)
         self.weights = SharedWeights(model)
         self.hparams = SharedHyperParams(cfg)
         self.ctl = SharedControl()
@@ -335,14 +336,13 @@ class Runner:
         common = dict(cfg=self.cfg, buffers=self.buffers, ctl=self.ctl, queues=self.queues,
                       serial=serial)
         out = [(f"rollout-{i}", Make(RolloutWorker, worker_idx=i, env_factory=pickle.dumps(self.env_factory),
-                                     **common))
+                                     env_spec=self.policy_spec.env, **common))
                for i in range(self.cfg.num_workers)]
-        out += [(f"policy-{p}", Make(PolicyWorker, policy_idx=p, obs_space=self.obs_space,
-                                     action_space=self.action_space, device=self.device,
-                                     weights=self.weights, **common))
+        out += [(f"policy-{p}", Make(PolicyWorker, policy_idx=p, policy_spec=self.policy_spec,
+                                     device=self.device, weights=self.weights, **common))
                 for p in range(self.cfg.num_policy_workers)]
-        out.append(("learner", Make(Learner, obs_space=self.obs_space, action_space=self.action_space,
-                                    device=self.device, weights=self.weights, hparams=self.hparams,
+        out.append(("learner", Make(Learner, policy_spec=self.policy_spec, device=self.device,
+                                     weights=self.weights, hparams=self.hparams,
                                     optimizer_path=self.optimizer_path, **common)))
         return out
 

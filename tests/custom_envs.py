@@ -120,12 +120,37 @@ def returns_none():
     gym.make("CartPole-v1")
 
 
-class ChannelLastImageEnv(TinyImageEnv):
+class ChannelLastImageEnv(gym.Env):
+    """[H, W, C] frames, as most renderers give them."""
     observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
 
 
 def channel_last_image_env():
     return ChannelLastImageEnv()
+
+
+class TextObsEnv(gym.Env):
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+                                         "note": gym.spaces.Text(8)})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return {"pos": np.zeros(2, np.float32), "note": "hi"}, {}
+
+    def step(self, action):
+        return {"pos": np.zeros(2, np.float32), "note": "hi"}, 0.0, True, False, {}
+
+
+def text_obs_env():
+    return TextObsEnv()
 
 
 class ThreeLivesEnv(gym.Env):

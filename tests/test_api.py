@@ -112,7 +112,7 @@ def test_set_parameters_with_other_architecture_raises(model, obs_batch):
     before = greedy(model, obs_batch)
     state_before = model.get_parameters()["policy"]
     with make(seed=0, hidden_sizes=(32,)) as small:
-        expected = r"actor_body\.0\.weight: expected \(64, 4\), got \(32, 4\)"
+        expected = r"pi_net\.0\.weight: expected \(64, 4\), got \(32, 4\)"
         with pytest.raises(ValueError, match=expected):
             model.set_parameters(small.get_parameters())
     # Nothing was loaded.

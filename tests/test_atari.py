@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from asyncrl.models import NatureCNN
 from asyncrl import APPO, Config
 from asyncrl.envs import make_env
 
@@ -70,13 +71,13 @@ def test_reward_clipping_in_learner_keeps_raw_returns():
     from test_learner import make_learner
     learner = make_learner(reward_clip=1.0)
     T, B = 3, 2
-    obs, actions = torch.randn(T + 1, B, 4), torch.zeros(T, B, dtype=torch.int64)
+    obs, actions = torch.randn(T + 1, B, 4), torch.zeros(T, B, 1, dtype=torch.int64)
     with torch.no_grad():
-        log_probs, _, _ = learner.model.evaluate(obs[:T].flatten(0, 1), actions.flatten())
+        log_probs, _, _ = learner.model.evaluate({"obs": obs[:T].flatten(0, 1)}, actions.flatten(0, 1))
     dones = torch.ones(T, B, dtype=torch.bool)  # every step terminal: v_s = clipped r_s
-    batch = Batch(obs, actions, log_probs.view(T, B), torch.tensor([[21.0, -5.0]] * T), dones,
+    batch = Batch({"obs": obs}, actions, log_probs.view(T, B), torch.tensor([[21.0, -5.0]] * T), dones,
                   torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64))
-    vt, _, _ = learner.targets(batch, batch.obs.flatten(0, 1))
+    vt, _, _ = learner.targets(batch, {"obs": obs.flatten(0, 1)}, None)
     torch.testing.assert_close(vt.vs, torch.tensor([[1.0, -1.0]] * T))
 
 
@@ -85,7 +86,7 @@ def test_pong_smoke_run_in_worker_processes():
     with APPO("ALE/Pong-v5", num_workers=1, num_envs_per_worker=2, rollout=16, batch_size=32,
               minibatch_size=32, num_epochs=1, reward_clip=1.0, device="cpu", seed=0,
               verbose=0) as model:
-        assert model.policy.image
+        assert isinstance(model.policy.encoders[0], NatureCNN)
         model.train(128)
         assert model.num_timesteps == 128
         obs, _ = make_env("ALE/Pong-v5").reset(seed=0)

@@ -2,6 +2,7 @@
 import dataclasses
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -154,14 +155,23 @@ def test_unpicklable_factory_rejected():
         make(lambda: gym.make("CartPole-v1"))
 
 
-def test_box_action_space_rejected():
-    with pytest.raises(ConfigError, match=r"action space Box.*not supported yet"):
-        make(custom_envs.box_action_env)
+def test_box_action_space_gets_the_continuous_defaults_and_keywords_win():
+    model = make(custom_envs.box_action_env)
+    assert model.config.algo == "ppo" and model.config.normalize_obs and model.config.normalize_returns
+    assert model.config.learning_rate == 3e-4 and model.config.gamma == 0.99
+    assert make(custom_envs.box_action_env, learning_rate=1e-3, algo="appo").config.algo == "appo"
+    assert not make(custom_envs.cartpole).config.normalize_obs  # discrete actions: as before
 
 
-def test_dict_observation_space_rejected():
-    with pytest.raises(ConfigError, match=r"observation space Dict.*not supported yet"):
-        make(custom_envs.dict_obs_env)
+def test_dict_observation_space_accepted():
+    model = make(custom_envs.dict_obs_env)
+    action, _ = model.predict({"pos": np.zeros(2, np.float32)})
+    assert int(action) in (0, 1)
+
+
+def test_text_observation_key_rejected_naming_key_and_wrapper():
+    with pytest.raises(ConfigError, match=r"observation key 'note' is a Text space.*ObservationWrapper"):
+        make(custom_envs.text_obs_env)
 
 
 def test_observation_outside_declared_space_rejected():
@@ -194,6 +204,7 @@ def test_factory_returning_none_is_config_error():
         make(custom_envs.returns_none)
 
 
-def test_channel_last_images_rejected_with_advice():
-    with pytest.raises(ConfigError, match=r"channel-last.*\[C, H, W\]"):
-        make(custom_envs.channel_last_image_env)
+def test_channel_last_images_accepted():
+    model = make(custom_envs.channel_last_image_env, cnn="tiny")
+    action, _ = model.predict(model.observation_space.sample())
+    assert 0 <= int(action) < 3

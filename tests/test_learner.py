@@ -16,24 +16,24 @@ def make_learner(**overrides):
     env = gym.make("CartPole-v1")
     queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None,
                             "ring_all": lambda: None})
-    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", buffers=None,
+    learner = Learner(cfg, None, "cpu", buffers=None,
                       weights=None, hparams=None, ctl=None, queues=queues,
                       optimizer_path="/nonexistent")
-    learner.model = ActorCritic(env.observation_space, env.action_space, cfg)
+    learner.model = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
     return learner
 
 
 def on_policy_batch(learner, done_at, truncated):
     torch.manual_seed(1)
     obs = torch.randn(T + 1, B, 4)
-    actions = torch.randint(0, 2, (T, B))
+    actions = torch.randint(0, 2, (T, B, 1))
     with torch.no_grad():  # behaviour = current policy: log rho = 0
-        log_probs, _, _ = learner.model.evaluate(obs[:T].flatten(0, 1), actions.flatten())
+        log_probs, _, _ = learner.model.evaluate({"obs": obs[:T].flatten(0, 1)}, actions.flatten(0, 1))
     dones = torch.zeros(T, B, dtype=torch.bool)
     dones[done_at] = True
     trunc = torch.zeros(T, B, dtype=torch.bool)
     trunc[done_at] = truncated
-    return Batch(obs, actions, log_probs.view(T, B), torch.ones(T, B), dones, trunc,
+    return Batch({"obs": obs}, actions, log_probs.view(T, B), torch.ones(T, B), dones, trunc,
                  torch.zeros(T, B, dtype=torch.int64))
 
 
@@ -41,7 +41,7 @@ def on_policy_batch(learner, done_at, truncated):
 def test_truncation_bootstraps_from_value(bootstrap):
     learner = make_learner(bootstrap_truncation=bootstrap)
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=True)
-    vt, values, _ = learner.targets(batch, batch.obs.flatten(0, 1))
+    vt, values, _ = learner.targets(batch, {"obs": batch.obs["obs"].flatten(0, 1)}, None)
     gamma = learner.cfg.gamma
     # discount 0 at the end: v_s = r_s (+ gamma * V(x_s) when the end was a time limit)
     expected = 1.0 + (gamma * values[2, 1] if bootstrap else 0.0)
@@ -51,7 +51,7 @@ def test_truncation_bootstraps_from_value(bootstrap):
 def test_termination_never_bootstraps():
     learner = make_learner(bootstrap_truncation=True)
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
-    vt, _, _ = learner.targets(batch, batch.obs.flatten(0, 1))
+    vt, _, _ = learner.targets(batch, {"obs": batch.obs["obs"].flatten(0, 1)}, None)
     assert vt.vs[2, 1].item() == pytest.approx(1.0, abs=1e-5)
 
 
@@ -98,7 +98,7 @@ def test_lagged_samples_keep_their_gradient_with_the_decoupled_clip(decoupled):
 def test_image_env_trains_in_serial_mode_with_uint8_obs(cnn, num_convs):
     with APPO(custom_envs.tiny_image_env, num_workers=1, num_envs_per_worker=2, rollout=8,
               batch_size=16, minibatch_size=8, serial_mode=True, seed=0, verbose=0, cnn=cnn) as model:
-        assert model.policy.image  # a CNN was chosen for uint8 [C, H, W]
+        assert not isinstance(model.policy.encoders[0], torch.nn.Flatten)  # a CNN for uint8 [C, H, W]
         convs = [m for m in model.policy.modules() if isinstance(m, torch.nn.Conv2d)]
         assert len(convs) == num_convs
         before = [p.clone() for p in model.policy.parameters()]
@@ -123,13 +123,13 @@ def test_image_model_weights_round_trip_channels_last():
     env = custom_envs.tiny_image_env()
     cfg = Config()
     torch.manual_seed(0)
-    a = ActorCritic(env.observation_space, env.action_space, cfg)
+    a = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
     torch.manual_seed(1)
-    b = ActorCritic(env.observation_space, env.action_space, cfg)
+    b = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
     weights = SharedWeights(a, version=3, env_steps=7)
     assert weights.load(b) == (3, 7)
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
-    conv = b.actor_body.convs[0].weight
+    conv = b.encoders[0].convs[0].weight
     assert conv.is_contiguous(memory_format=torch.channels_last)  # kept through the copy
     obs = torch.randint(0, 256, (2, *env.observation_space.shape), dtype=torch.uint8)
     torch.testing.assert_close(a(obs)[0], b(obs)[0])
@@ -140,11 +140,11 @@ def test_targets_in_minibatch_chunks_equal_one_pass_over_the_batch():
     the values and log-probabilities are those of one forward pass over the whole batch."""
     learner = make_learner(minibatch_size=4)  # (T+1)*B = 18 frames: chunks of 4, 4, 4, 4, 2
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
-    obs = batch.obs.flatten(0, 1)
-    vt, values, log_probs = learner.targets(batch, obs)
+    obs = {"obs": batch.obs["obs"].flatten(0, 1)}
+    vt, values, log_probs = learner.targets(batch, obs, None)
     with torch.no_grad():
         all_log_probs, _, all_values = learner.model.evaluate(
-            obs, torch.cat([batch.actions.flatten(), batch.actions[0]]))
+            obs, torch.cat([batch.actions.flatten(0, 1), batch.actions[0]]))
     torch.testing.assert_close(values, all_values.view(T + 1, B)[:T])
     torch.testing.assert_close(log_probs, all_log_probs.view(T + 1, B)[:T])
 
@@ -153,10 +153,11 @@ def test_frames_scaled_into_a_reused_buffer_equal_a_fresh_scale():
     from asyncrl.models import NatureCNN
     frames = torch.randint(0, 256, (6, 4, 12, 12), dtype=torch.uint8)
     buf = torch.full(frames.shape, float("nan")).contiguous(memory_format=torch.channels_last)
-    out = NatureCNN.scale(frames, out=buf)
+    cnn = NatureCNN((4, 36, 36), hwc=False)
+    out = cnn.scale(frames, out=buf)
     assert out.data_ptr() == buf.data_ptr() and out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, frames.float() / 255.0, rtol=0, atol=1e-7)
-    torch.testing.assert_close(NatureCNN.scale(frames), out, rtol=0, atol=0)
+    torch.testing.assert_close(cnn.scale(frames), out, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("lagged", [False, True])
@@ -168,16 +169,16 @@ def test_targets_reuse_the_policy_workers_values_only_for_samples_of_these_weigh
     learner = make_learner()
     learner.version = 0
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=True)
-    obs = batch.obs.flatten(0, 1)
-    full = learner.targets(batch, obs)
+    obs = {"obs": batch.obs["obs"].flatten(0, 1)}
+    full = learner.targets(batch, obs, None)
     with torch.no_grad():
-        recorded = learner.model(obs[:T * B])[1].view(T, B)
+        recorded = learner.model({"obs": obs["obs"][:T * B]})[1].view(T, B)
     versions = torch.zeros(T, B, dtype=torch.int64)
     versions[0, 0] = -1 if lagged else 0
     batch = batch._replace(values=recorded, policy_versions=versions)
     seen = []
-    hook = learner.model.register_forward_hook(lambda m, args, out: seen.append(len(args[0])))
-    reused = learner.targets(batch, obs)
+    hook = learner.model.register_forward_hook(lambda m, args, out: seen.append(len(args[0]["obs"])))
+    reused = learner.targets(batch, obs, None)
     hook.remove()
     assert sum(seen) == ((T + 1) * B if lagged else B)
     for a, b in zip(full, reused):

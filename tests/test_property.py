@@ -62,9 +62,17 @@ def test_random_env_specs_work_or_raise_config_error(obs_space, action_space, sh
         first = np.zeros((7,), first.dtype)
 
     factory = functools.partial(SpecEnv, obs_space, action_space, first)  # picklable
+    bad_obs = not shape_ok and isinstance(first, np.ndarray)
+    bad_action = isinstance(action_space, gym.spaces.Box) and action_space.dtype.kind != "f"
     try:
         with APPO(factory, serial_mode=True, verbose=0, device="cpu") as model:
-            assert isinstance(model.action_space, gym.spaces.Discrete)
+            action, _ = model.predict(obs_space.sample())
     except ConfigError as e:
-        assert "cannot be pickled" not in str(e)
-        assert any(w in str(e) for w in ("space", "observation", "shape", "dtype")), str(e)
+        # the action space is checked first, then the first observation
+        if bad_action:
+            assert "Box action space of dtype" in str(e), str(e)
+        else:
+            assert bad_obs and "first observation" in str(e), str(e)
+        return
+    assert not bad_obs and not bad_action, "a bad spec was accepted"
+    assert action_space.contains(action), (action, action_space)

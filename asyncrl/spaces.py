@@ -1,0 +1,228 @@
+"""What the core derives from an env's spaces, in one place.
+
+An observation space becomes a flat dict of *leaves* (``"obs"`` for a bare space; ``"image"``,
+``"pos.x"``, ``"0"`` for the keys and indices of nested ``Dict``/``Tuple`` spaces), each stored in
+its own dtype (uint8 images stay uint8). An ``"action_mask"`` key of a ``Dict`` observation, an
+env method ``action_masks()`` or ``info["action_mask"]`` becomes the action mask. ``EnvSpec``
+holds all of it, is checked once in the main process and is pickled to every worker; with the
+action distribution it yields the one buffer spec that the trajectory slots, the policy worker's
+staging and the learner's gatherer iterate.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from .config import ConfigError
+
+MASK_KEY = "action_mask"
+MASK_SOURCES = ("obs", "method", "info")  # where an env's action masks come from
+UNSUPPORTED_HINTS = {
+    gym.spaces.Text: "encode the text as a Box of token ids (a gymnasium ObservationWrapper)",
+    gym.spaces.Sequence: "pad it to a fixed-length Box with a mask (an ObservationWrapper)",
+    gym.spaces.Graph: "encode the graph as fixed-size Box node/edge arrays (an ObservationWrapper)",
+}
+
+
+class Entry(NamedTuple):
+    """One named tensor of a trajectory slot: ``[rows, E, *shape]`` of ``dtype``, where rows is
+    T+1 for what is observed (the last row is the state after the slot's last step) and T for
+    what is done."""
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+    observed: bool
+
+
+def torch_dtype(np_dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, np_dtype)).dtype
+
+
+def is_image(space: gym.Space) -> bool:
+    """A 3-D uint8 Box: an image, [C, H, W] or [H, W, C]."""
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+
+
+def channel_last(space: gym.spaces.Box) -> bool:
+    """[H, W, C] (MiniGrid, most renderers) rather than [C, H, W] (Atari's frame stacks): the last
+    dimension looks like colour channels and the first does not."""
+    return space.shape[-1] in (1, 3, 4) and space.shape[0] not in (1, 3, 4)
+
+
+def scaled_uint8(space: gym.Space) -> bool:
+    """uint8 with the full 0..255 range: scaled to [0, 1] by the model (images and any other)."""
+    return (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8
+            and bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))
+
+
+def leaf_storage(space: gym.Space) -> Tuple[Tuple[int, ...], np.dtype]:
+    """How one observation leaf is stored per env: (shape, numpy dtype). Discrete and
+    MultiDiscrete values are stored from 0 (their ``start`` subtracted); MultiBinary as uint8;
+    uint8 Boxes as they are; any other Box as float32."""
+    if isinstance(space, gym.spaces.Discrete):
+        return (), np.dtype(np.int64)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return tuple(space.shape), np.dtype(np.int64)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return tuple(np.atleast_1d(space.n)), np.dtype(np.uint8)
+    return tuple(space.shape), np.dtype(np.uint8) if space.dtype == np.uint8 else np.dtype(np.float32)
+
+
+def flatten_space(space: gym.Space, prefix: str = "") -> Dict[str, Tuple[tuple, gym.Space]]:
+    """{leaf key: (path into an observation, leaf space)}, in the space's own order; nested Dict
+    and Tuple spaces flatten to dotted keys. Unsupported leaves raise, naming the key."""
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space.spaces)
+        out = {}
+        for k, sub in items:
+            for key, (path, leaf) in flatten_space(sub, f"{prefix}{k}.").items():
+                out[key] = ((k, *path), leaf)
+        if not out:
+            raise ConfigError(f"observation key {prefix[:-1] or 'obs'!r}: an empty {type(space).__name__} space")
+        return out
+    key = prefix[:-1] or "obs"
+    for kind, hint in UNSUPPORTED_HINTS.items():
+        if isinstance(space, kind):
+            raise ConfigError(f"observation key {key!r} is a {kind.__name__} space, which asyncrl "
+                              f"cannot store in fixed-size buffers: {hint}")
+    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
+                              gym.spaces.MultiBinary)):
+        raise ConfigError(f"observation key {key!r}: space {space} is not supported; use Box, "
+                          "Discrete, MultiDiscrete, MultiBinary, or Dict/Tuple of them")
+    if isinstance(space, gym.spaces.Box) and not (np.issubdtype(space.dtype, np.number)
+                                                  or space.dtype == np.bool_):
+        raise ConfigError(f"observation key {key!r}: Box dtype {space.dtype} is not numeric")
+    return {key: ((), space)}
+
+
+def get_path(obs: Any, path: tuple) -> Any:
+    for p in path:
+        obs = obs[p]
+    return obs
+
+
+class EnvSpec:
+    """The env's spaces as the engine uses them. ``leaves``: {key: (path, space)} of the model's
+    inputs; ``mask_source``: None or one of MASK_SOURCES; ``mask_size``: entries of a mask."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 mask_source: Optional[str] = None, mask_size: int = 0):
+        self.observation_space, self.action_space = observation_space, action_space
+        leaves = flatten_space(observation_space)
+        self.mask_source, self.mask_size = mask_source, mask_size
+        if mask_source == "obs":
+            leaves.pop(MASK_KEY)
+        if not leaves:
+            raise ConfigError(f"observation space {observation_space} has no key besides "
+                              f"{MASK_KEY!r}: the model would see nothing")
+        self.leaves = leaves
+        self.bare = list(leaves) == ["obs"] and not isinstance(
+            observation_space, (gym.spaces.Dict, gym.spaces.Tuple))
+
+    def obs_entries(self) -> Dict[str, Entry]:
+        """The observed part of the buffer spec: one entry per leaf, and the mask."""
+        out = {}
+        for key, (_, space) in self.leaves.items():
+            shape, dtype = leaf_storage(space)
+            out[f"obs/{key}"] = Entry(shape, torch_dtype(dtype), True)
+        if self.mask_source is not None:
+            out[MASK_KEY] = Entry((self.mask_size,), torch.bool, True)
+        return out
+
+    def leaf_offset(self, key: str) -> Any:
+        """What is subtracted from a stored Discrete/MultiDiscrete leaf (its start), else None."""
+        space = self.leaves[key][1]
+        if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+            start = np.asarray(space.start)
+            return start if np.any(start != 0) else None
+        return None
+
+    def batch_obs(self, observation: Any) -> Tuple[Dict[str, np.ndarray], int, bool]:
+        """One observation or a batch (Dict observations batched per key) -> ({key: [N, ...]
+        stored arrays}, N, single). Raises ValueError naming the key whose shape fits neither."""
+        arrays, n, single = {}, None, None
+        for key, (path, space) in self.leaves.items():
+            shape, dtype = leaf_storage(space)
+            try:
+                x = np.asarray(get_path(observation, path))
+            except (KeyError, IndexError, TypeError) as e:
+                raise ValueError(f"observation has no key {key!r} of the observation space "
+                                 f"{self.observation_space} ({type(e).__name__}: {e})") from e
+            is_single = x.shape == shape
+            if not is_single and x.shape[1:] != shape:
+                raise ValueError(f"observation key {key!r} of shape {x.shape} matches neither the "
+                                 f"env's shape {shape} nor a batch [N, *{shape}]")
+            x = x.reshape(-1, *shape)
+            if n is not None and (len(x) != n or is_single != single):
+                raise ValueError(f"observation key {key!r} has a batch of {len(x)}, others {n}")
+            offset = self.leaf_offset(key)
+            arrays[key] = (x if offset is None else x - offset).astype(dtype, copy=False)
+            n, single = len(x), is_single
+        return arrays, n, single
+
+
+class ObsWriter:
+    """Writes an env's observation into the observed buffer rows of one env: each leaf (and a
+    mask carried in the observation) to its own array. The bare-Box case is one assignment."""
+
+    def __init__(self, spec: EnvSpec):
+        self.items: List[Tuple[str, tuple, Any]] = [
+            (f"obs/{key}", path, spec.leaf_offset(key)) for key, (path, _) in spec.leaves.items()]
+        if spec.mask_source == "obs":
+            self.items.append((MASK_KEY, (MASK_KEY,), None))
+        self.bare = spec.bare
+
+    def __call__(self, views: Dict[str, np.ndarray], i: int, obs: Any) -> None:
+        if self.bare:
+            views["obs/obs"][i] = obs
+            return
+        for name, path, offset in self.items:
+            x = get_path(obs, path)
+            views[name][i] = x if offset is None else np.asarray(x) - offset
+
+
+def read_mask(env: gym.Env, source: str, obs: Any, info: dict) -> Any:
+    """The action mask that goes with ``obs``, from where ``source`` says masks come from."""
+    if source == "obs":
+        return obs[MASK_KEY]
+    if source == "info":
+        if MASK_KEY not in info:
+            raise ValueError(f"the env's info has no {MASK_KEY!r} (it had one at reset): every "
+                             "reset and step must return the mask of the actions legal next")
+        return info[MASK_KEY]
+    return env.get_wrapper_attr("action_masks")()
+
+
+def detect_mask_source(env: gym.Env, obs: Any, info: dict) -> Optional[str]:
+    """The mask convention an env follows: a Dict observation with an "action_mask" key
+    (PettingZoo's classic games), an ``action_masks()`` method (sb3-contrib's MaskablePPO), or
+    ``info["action_mask"]`` (Gymnasium's Taxi); None if none."""
+    if isinstance(env.observation_space, gym.spaces.Dict) and MASK_KEY in env.observation_space.spaces:
+        return "obs"
+    try:
+        if callable(env.get_wrapper_attr("action_masks")):
+            return "method"
+    except AttributeError:
+        pass
+    if isinstance(info, dict) and MASK_KEY in info:
+        return "info"
+    return None
+
+
+def check_mask(mask: Any, mask_size: int, source: str, action_space: gym.Space) -> np.ndarray:
+    """A mask as stored (bool [mask_size]); a wrong size or dtype raises, saying what is expected."""
+    where = {"obs": f'the observation\'s "{MASK_KEY}"', "method": "action_masks()",
+             "info": f'info["{MASK_KEY}"]'}[source]
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_ and not (np.issubdtype(arr.dtype, np.integer)
+                                      and np.isin(arr, (0, 1)).all()):
+        raise ConfigError(f"{where} has dtype {arr.dtype}: an action mask must be bool (or "
+                          "integers 0/1), True where the action is legal")
+    if arr.size != mask_size:
+        raise ConfigError(f"{where} has shape {arr.shape}, but the action space {action_space} "
+                          f"needs {mask_size} entries (MaskablePPO's convention: one per action, "
+                          "the per-dimension masks concatenated for MultiDiscrete, two per bit "
+                          "for MultiBinary)")
+    return arr.reshape(-1).astype(bool)
