@@ -14,7 +14,7 @@ learner evaluates the same masked distribution the policy worker sampled from.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -121,8 +121,8 @@ class DiagGaussian(ActionDistribution):
         self.param_size = self.action_size = int(np.prod(space.shape))
         self.discrete = False
         self.log_std = nn.Parameter(torch.full((self.action_size,), float(log_std_init)))
-        bounded = np.isfinite(space.low).all() and np.isfinite(space.high).all()
-        self.low = space.low.reshape(-1).astype(np.float32) if bounded else None
+        bounded = np.isfinite(space.low).any() or np.isfinite(space.high).any()
+        self.low = space.low.reshape(-1).astype(np.float32) if bounded else None  # +-inf: no clip
         self.high = space.high.reshape(-1).astype(np.float32) if bounded else None
 
     def sample(self, params, mask, deterministic=False):

@@ -19,6 +19,7 @@ values [N])`` from SB3-preprocessed observations; the distribution and normalise
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import gymnasium as gym
@@ -272,10 +273,10 @@ class ActorCritic(nn.Module):
                         else int(np.prod(s.shape if isinstance(s, gym.spaces.Box) else np.atleast_1d(s.n))))
                        for e, s in zip(encoders, self.spaces))
         dim = getattr(encoders, "features_dim", None)
-        if not isinstance(dim, int) or dim < 1:
+        if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim < 1:
             raise ConfigError(f"features_extractor_class {type(encoders).__name__} has no positive "
                               "integer features_dim (SB3's BaseFeaturesExtractor sets it)")
-        return dim
+        return int(dim)
 
     # --- the contract ---------------------------------------------------------------------
     def prepare(self, obs: Dict[str, torch.Tensor], cache: Optional[dict] = None) -> Dict[str, torch.Tensor]:

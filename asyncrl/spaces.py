@@ -78,6 +78,10 @@ def flatten_space(space: gym.Space, prefix: str = "") -> Dict[str, Tuple[tuple, 
         out = {}
         for k, sub in items:
             for key, (path, leaf) in flatten_space(sub, f"{prefix}{k}.").items():
+                if key in out:
+                    raise ConfigError(f"observation keys {'.'.join(map(str, out[key][0]))!r} and "
+                                      f"{'.'.join(map(str, (k, *path)))!r} both flatten to {key!r}; "
+                                      "rename one (a Dict key with a dot clashes with a nested Dict)")
                 out[key] = ((k, *path), leaf)
         if not out:
             raise ConfigError(f"observation key {prefix[:-1] or 'obs'!r}: an empty {type(space).__name__} space")
@@ -172,7 +176,7 @@ class ObsWriter:
             (f"obs/{key}", path, spec.leaf_offset(key)) for key, (path, _) in spec.leaves.items()]
         if spec.mask_source == "obs":
             self.items.append((MASK_KEY, (MASK_KEY,), None))
-        self.bare = spec.bare
+        self.bare = spec.bare and self.items[0][2] is None  # no start to subtract
 
     def __call__(self, views: Dict[str, np.ndarray], i: int, obs: Any) -> None:
         if self.bare:

@@ -1,7 +1,7 @@
 """Continuous control (MuJoCo) with the automatic continuous defaults, beside Sample Factory.
 
-    python benchmarks/mujoco.py learn [--env HalfCheetah-v5] [--steps 1000000] [--sf]
-    python benchmarks/mujoco.py throughput [--repeats 3] [--seconds 60] [--sf]
+    python benchmarks/continuous_control.py learn [--env HalfCheetah-v5] [--steps 1000000] [--sf]
+    python benchmarks/continuous_control.py throughput [--repeats 3] [--seconds 60] [--sf]
 
 ``learn``: trains ``APPO(env)`` (nothing but the env id: the defaults are what is measured) for
 ``--steps`` env steps, logging the training return (``rollout/ep_rew_mean``) against env steps, then
