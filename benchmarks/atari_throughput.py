@@ -45,7 +45,7 @@ from asyncrl.buffers import SharedControl
 from asyncrl.config import available_cores, with_defaults
 from asyncrl.envs import make_env
 from asyncrl.learner import Batch, Learner, keep_freed_memory, make_optimizer
-from asyncrl.models import ActorCritic, sample_actions
+from asyncrl.models import ActorCritic
 
 FRAME_SKIP = 4
 SF_LAYOUT = dict(num_workers=2, num_envs_per_worker=8)  # Sample Factory's Atari preset's
@@ -65,28 +65,28 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
         if term or trunc:
             env.reset()
     env_cost = (time.process_time() - t0) / n
-    model = ActorCritic(env.observation_space, env.action_space, cfg)
+    model = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
     batch_obs = cfg.envs_per_group  # a policy worker's batch: at least one group's envs
-    obs = torch.randint(0, 256, (batch_obs, *env.observation_space.shape), dtype=torch.uint8)
+    obs = {"obs": torch.randint(0, 256, (batch_obs, *env.observation_space.shape), dtype=torch.uint8)}
     with torch.inference_mode():
         forward = model.fused_forward()
-        sample_actions(*forward(obs))
+        model.dist.sample(forward(obs)[0], None)
         t0 = time.process_time()
         for _ in range(100):
-            sample_actions(*forward(obs))
+            model.dist.sample(forward(obs)[0], None)
     inference_cost = (time.process_time() - t0) / (100 * batch_obs)
     T, B = cfg.rollout, cfg.batch_size // cfg.rollout
     no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None,
                                     "ring_all": lambda: None})
     ctl = SharedControl()
-    learner = Learner(cfg, env.observation_space, env.action_space, "cpu", buffers=None, weights=None,
+    learner = Learner(cfg, None, "cpu", buffers=None, weights=None,
                       hparams=None, ctl=ctl, queues=no_queues, optimizer_path="/nonexistent",
                       serial=True)
     learner.model = model
     learner.version = 0
     learner.optimizer = make_optimizer(model, cfg)  # the learner's own (fused Adam)
-    batch = Batch(torch.randint(0, 256, (T + 1, B, *env.observation_space.shape), dtype=torch.uint8),
-                  torch.randint(0, env.action_space.n, (T, B)), torch.full((T, B), -1.8),
+    batch = Batch({"obs": torch.randint(0, 256, (T + 1, B, *env.observation_space.shape), dtype=torch.uint8)},
+                  torch.randint(0, env.action_space.n, (T, B, 1)), torch.full((T, B), -1.8),
                   torch.zeros(T, B), torch.zeros(T, B, dtype=torch.bool),
                   torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64),
                   # synchronous PPO: every sample is the current weights', their values recorded
