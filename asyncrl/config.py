@@ -288,12 +288,14 @@ ATARI_CPU_DEFAULTS = dict(algo="ppo", rollout=64)
 ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 
 
-# Continuous actions (a Box, alone or in a Tuple/Dict): CleanRL's ppo_continuous_action and Sample
-# Factory's MuJoCo preset, synchronous as both are (every sample from the latest policy): running
-# observation and return normalisation, gamma 0.99, lambda 0.95, lr 3e-4, no entropy bonus.
-CONTINUOUS_DEFAULTS = dict(algo="ppo", rollout=64, learning_rate=3e-4, gamma=0.99, vtrace_lambda=0.95,
+# Continuous actions (a Box, alone or in a Tuple/Dict): after CleanRL's ppo_continuous_action and
+# Sample Factory's MuJoCo preset: running observation and return normalisation, gamma 0.99,
+# lambda 0.95, lr 3e-4, clip 0.2, no entropy bonus, 10 epochs. Asynchronous (APPO, V-trace) with
+# minibatches of 512 rather than their synchronous PPO: on two cores it trained faster and learned
+# as well or better (README, "Continuous control").
+CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, gamma=0.99, vtrace_lambda=0.95,
                            clip_coef=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
-                           num_epochs=10, minibatch_size=256, normalize_obs=True,
+                           num_epochs=10, minibatch_size=512, normalize_obs=True,
                            normalize_returns=True)
 
 

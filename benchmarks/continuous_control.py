@@ -2,6 +2,7 @@
 
     python benchmarks/continuous_control.py learn [--env HalfCheetah-v5] [--steps 1000000] [--sf]
     python benchmarks/continuous_control.py throughput [--repeats 3] [--seconds 60] [--sf]
+    python benchmarks/continuous_control.py throughput --env CartPole-v1 --sf --sf_example cartpole
 
 ``learn``: trains ``APPO(env)`` (nothing but the env id: the defaults are what is measured) for
 ``--steps`` env steps, logging the training return (``rollout/ep_rew_mean``) against env steps, then
@@ -141,7 +142,7 @@ def throughput(args) -> None:
         rows["asyncrl"].append(res["fps"])
         line = f"repeat {r}: asyncrl {res['fps']:,.0f} env steps/s (cpu {res['cpu_per_process']})"
         if args.sf:
-            rows["sf"].append(sf_steady_rate(sf_run(SF_WARMUP + args.seconds), SF_WARMUP))
+            rows["sf"].append(sf_steady_rate(sf_run(SF_WARMUP + args.seconds, args.sf_example), SF_WARMUP))
             line += f", Sample Factory {rows['sf'][-1]:,.0f}"
         print(line, flush=True)
     ours = statistics.median(rows["asyncrl"])
@@ -173,6 +174,8 @@ def main() -> None:
     tp.add_argument("--seconds", type=float, default=60.0)
     tp.add_argument("--warmup", type=float, default=15.0)
     tp.add_argument("--sf", action="store_true")
+    tp.add_argument("--sf_example", default="halfcheetah",
+                    help="run.sh's example to run beside it (cartpole for CartPole-v1)")
     tp.add_argument("--json", default=None)
     args = ap.parse_args()
     (learn if args.cmd == "learn" else throughput)(args)

@@ -157,9 +157,11 @@ def test_unpicklable_factory_rejected():
 
 def test_box_action_space_gets_the_continuous_defaults_and_keywords_win():
     model = make(custom_envs.box_action_env)
-    assert model.config.algo == "ppo" and model.config.normalize_obs and model.config.normalize_returns
+    assert model.config.normalize_obs and model.config.normalize_returns
     assert model.config.learning_rate == 3e-4 and model.config.gamma == 0.99
-    assert make(custom_envs.box_action_env, learning_rate=1e-3, algo="appo").config.algo == "appo"
+    assert model.config.minibatch_size == 512 and model.config.num_epochs == 10
+    tuned = make(custom_envs.box_action_env, learning_rate=1e-3, normalize_obs=False).config
+    assert tuned.learning_rate == 1e-3 and not tuned.normalize_obs and tuned.gamma == 0.99
     assert not make(custom_envs.cartpole).config.normalize_obs  # discrete actions: as before
 
 

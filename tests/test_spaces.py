@@ -63,10 +63,9 @@ GRID = [
 
 # --- helpers -----------------------------------------------------------------------------------
 def config_for(act_space, base=SERIAL, **kw):
-    """The test layout; batch sizes only for discrete actions (Box actions get the continuous
-    defaults: synchronous PPO, one rollout of every env per batch)."""
+    """The test layout with small batches (Box actions get the continuous defaults otherwise)."""
     out = dict(base, **kw)
-    if not se_has_box(act_space) and "batch_size" not in kw and base is SERIAL:
+    if "batch_size" not in kw and base is SERIAL:
         out.update(DISCRETE_BATCH)
     return out
 
@@ -166,8 +165,8 @@ def test_space_trains_predicts_and_round_trips(obs_name, act_name, tmp_path):
     factory = se.space_env(obs_space, act_space)
     with APPO(factory, **config_for(act_space)) as model:
         if se_has_box(act_space):  # the continuous defaults apply
-            assert model.config.algo == "ppo" and model.config.normalize_obs
-            assert model.config.batch_size == 1 * 2 * 16
+            assert model.config.normalize_obs and model.config.normalize_returns
+            assert model.config.gamma == 0.99 and model.config.ent_coef == 0.0
         model.train(3 * model.config.batch_size)
         assert model.num_timesteps == 3 * model.config.batch_size
         assert model.policy_version == 3
@@ -208,15 +207,14 @@ def test_multiprocess_dict_obs_hybrid_action():
 
 @pytest.mark.timeout(120)
 def test_multiprocess_continuous_defaults_and_normalizers():
-    """Box actions with the continuous defaults (synchronous PPO, one rollout of every env, running
-    observation and return normalisers); the normalisers' buffers reach the main process."""
+    """Box actions with the continuous defaults (asynchronous, running observation and return
+    normalisers); the normalisers' buffers reach the main process."""
     obs_space, act_space = Box(0.0, 2.0, (3,), F32), ACT["dict_hybrid"]  # obs mean 1, var 1/3
-    kw = {k: v for k, v in SMALL.items() if k not in ("batch_size", "minibatch_size")}
-    with APPO(se.space_env(obs_space, act_space), **kw) as model:
-        assert model.config.algo == "ppo" and model.config.batch_size == 2 * 4 * 16
+    with APPO(se.space_env(obs_space, act_space), **SMALL) as model:
+        assert model.config.algo == "appo" and model.config.num_epochs == 10
         assert model.config.normalize_obs and model.config.normalize_returns
-        model.train(640)
-        assert model.num_timesteps == 640 and model.logger.env_restarts == 0
+        model.train(768)
+        assert model.num_timesteps == 768 and model.logger.env_restarts == 0
         norm = model.policy.obs_norm[0]
         assert float(norm.count) > 0 and float(model.policy.value_norm.count) > 0
         np.testing.assert_allclose(norm.mean.numpy(), 1.0, atol=0.15)
@@ -429,8 +427,8 @@ LEARN = dict(serial_mode=True, num_workers=1, num_envs_per_worker=8, rollout=16,
 def test_learns_continuous_target():
     """Reward -|a - target|: a policy ignoring the target scores about -0.5."""
     env = se.target_env()
-    with APPO(se.target_env, **LEARN) as model:
-        assert model.config.algo == "ppo"
+    with APPO(se.target_env, batch_size=128, minibatch_size=64, **LEARN) as model:
+        assert model.config.normalize_obs
         before = greedy_mean_return(model, env, 300)
         model.train(20_000)
         after = greedy_mean_return(model, env, 300)
@@ -498,9 +496,10 @@ def test_user_features_extractor_and_sb3_policy_kwargs():
     kw = dict(features_extractor_class=se.SmallExtractor, features_extractor_kwargs=dict(features_dim=12),
               net_arch=dict(pi=[16], vf=[24, 8]), activation_fn=torch.nn.ReLU,
               share_features_extractor=False, log_std_init=-0.5, ortho_init=False)
-    with APPO(se.space_env(obs_space, act_space), policy_kwargs=kw, **SERIAL) as model:
+    with APPO(se.space_env(obs_space, act_space), policy_kwargs=kw, batch_size=32, minibatch_size=32,
+              **SERIAL) as model:
         pol = model.policy
-        assert model.config.algo == "ppo"  # Box actions: the continuous defaults
+        assert model.config.normalize_obs  # Box actions: the continuous defaults
         assert isinstance(pol.encoders, se.SmallExtractor) and isinstance(pol.vf_encoders, se.SmallExtractor)
         assert pol.encoders is not pol.vf_encoders
         widths = lambda seq: [m.out_features for m in seq if isinstance(m, torch.nn.Linear)]  # noqa: E731
@@ -518,7 +517,7 @@ def test_custom_policy_class_trains(tmp_path):
                       "pos": Box(-1.0, 1.0, (2,), F32)})
     act_space = Tuple((Discrete(3), Box(-1.0, 1.0, (2,), F32)))
     with APPO(se.space_env(obs_space, act_space), policy=se.CustomPolicy,
-              policy_kwargs=dict(hidden=16), **SERIAL) as model:
+              policy_kwargs=dict(hidden=16), batch_size=32, minibatch_size=32, **SERIAL) as model:
         assert isinstance(model.policy.net, se.CustomPolicy)
         assert model.policy.net.pi.out_features == 3 + 2
         before = [p.detach().clone() for p in model.policy.net.parameters()]
