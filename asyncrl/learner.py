@@ -328,7 +328,7 @@ class Learner:
         steps = index_obs(obs, slice(0, T * B))
         # The running normalisers move once per batch, after the targets were computed with the
         # statistics the samples were drawn with; values are learnt in the normalised scale.
-        model.update_normalizers(index_obs(steps, keep), returns[keep])
+        model.update_normalizers(steps, returns, keep)
         returns, old_values = model.normalize_values(returns), model.normalize_values(old_values.flatten())
         # The ratio's reference: the learner's policy now (the lag is in V-trace's weight), or
         # the policy that sampled.

@@ -3,7 +3,7 @@
 The engine relies on this and nothing more: ``ActorCritic(spec, cfg)`` has ``dist`` (its action
 distribution), ``prepare(obs)`` (the per-leaf conversion of stored observations, done once per
 learner batch: uint8 scaling, one-hot), ``forward(obs, prepared=False) -> (dist params [N, P],
-values [N])``, and ``update_normalizers(obs, returns)``. Observations are dicts of leaf keys (see
+values [N])``, and ``update_normalizers(obs, returns, keep)``. Observations are dicts of leaf keys (see
 ``spaces``). Between the inputs and the heads sit encoders per key (a CNN per image, one-hot for
 Discrete/MultiDiscrete, the vectors concatenated), then SB3's ``net_arch`` MLPs for policy and
 value. Running observation and return normalisers are part of the model: their statistics are
@@ -334,12 +334,14 @@ class ActorCritic(nn.Module):
         return log_probs, entropy, values
 
     @torch.no_grad()
-    def update_normalizers(self, obs: Dict[str, torch.Tensor], returns: Optional[torch.Tensor]) -> None:
-        """Fold a batch's prepared observations and value targets into the running statistics."""
+    def update_normalizers(self, obs: Dict[str, torch.Tensor], returns: torch.Tensor,
+                           keep: torch.Tensor) -> None:
+        """Fold a batch's prepared observations [N, ...] and value targets [N] into the running
+        statistics, the samples where ``keep`` [N] is True (only the normalised keys are read)."""
         for key, norm in zip(self.norm_keys, self.obs_norm):
-            norm.update(obs[key])
-        if self.value_norm is not None and returns is not None:
-            self.value_norm.update(returns)
+            norm.update(obs[key][keep])
+        if self.value_norm is not None:
+            self.value_norm.update(returns[keep])
 
     def normalize_values(self, values: torch.Tensor) -> torch.Tensor:
         """Values in the scale the value head learns in (identity without return normalisation)."""
