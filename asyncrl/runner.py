@@ -266,6 +266,12 @@ def check_main_guard() -> None:
     main = sys.modules.get("__main__")
     spec_name = getattr(getattr(main, "__spec__", None), "name", None)
     path = getattr(main, "__file__", None)
+    if spec_name is None and path is not None and not os.path.isfile(path):
+        raise RuntimeError(
+            f"the main script was read from {path} (e.g. `python - <<EOF`), not from a file: "
+            "asyncrl starts its workers with multiprocessing's 'spawn', and a spawned process must "
+            "import the main script again, which it cannot do from standard input. Save the "
+            "script to a file and run `python file.py` (or use serial_mode=True)")
     if not path or not path.endswith(".py") or (
             spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__"))):
         return

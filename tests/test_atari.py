@@ -66,7 +66,7 @@ def test_frame_skip_max_pools_the_last_two_frames():
     raw.close()
 
 
-def test_reward_clipping_in_learner_keeps_raw_returns():
+def test_reward_clipping_in_learner_clips_targets_not_the_stored_rewards():
     from asyncrl.learner import Batch
     from test_learner import make_learner
     learner = make_learner(reward_clip=1.0)
@@ -79,6 +79,8 @@ def test_reward_clipping_in_learner_keeps_raw_returns():
                   torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64))
     vt, _, _ = learner.targets(batch, {"obs": obs.flatten(0, 1)}, None)
     torch.testing.assert_close(vt.vs, torch.tensor([[1.0, -1.0]] * T))
+    # the batch keeps the raw rewards (the workers' logged returns are summed from them)
+    assert batch.rewards.tolist() == [[21.0, -5.0]] * T
 
 
 @pytest.mark.timeout(300)
