@@ -10,7 +10,7 @@ import torch
 
 import custom_envs
 from asyncrl import APPO
-from asyncrl.buffers import Ctl, SharedControl
+from asyncrl.buffers import SharedControl
 from asyncrl.learner import Batch
 from asyncrl.models import ActorCritic
 
