@@ -45,8 +45,8 @@ class PolicyWorker:
         self.incarnation_np, self.ticks_np = b.incarnation.numpy(), b.policy_ticks.numpy()
         # Observed entries flattened to [S * (T+1), E, ...], gathered by slot * (T+1) + t into
         # (pinned) staging buffers; the results are written back into the step entries.
-        S, T1, E = arrays["log_probs"].shape[0], arrays["log_probs"].shape[1] + 1, arrays["log_probs"].shape[2]
-        self.steps_per_slot = T1
+        S, T, E = arrays["log_probs"].shape  # step entries: [S, T, E]
+        self.steps_per_slot = T1 = T + 1
         max_requests = 2 * len(self.action_ready_queues)  # each group has one request in flight at most
         pin = self.device.type == "cuda"
         self.observed = {}  # name -> (flat source, staging tensor, its numpy view)

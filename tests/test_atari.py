@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.models import NatureCNN
+from asyncrl.encoders import NatureCNN
 from asyncrl import APPO, Config
 from asyncrl.envs import make_env
 

@@ -1,0 +1,193 @@
+"""Encoders of observation leaves, and the running normaliser: the parts of the built-in model.
+
+Image encoders take uint8 frames, ``[N, C, H, W]`` or ``[N, H, W, C]``, or the output of their
+own ``scale`` (the learner scales a batch once, not once per minibatch and epoch).
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from .spaces import EnvSpec, channel_last, is_image, scaled_uint8
+
+NATURE_MIN_SIZE = 36  # the Nature CNN's smallest input; smaller images get SmallCNN
+NORM_CLIP = 10.0      # normalised observations are clipped to +-this (CleanRL's continuous PPO)
+
+
+def init_layer(layer: nn.Module, gain: float = math.sqrt(2), ortho: bool = True) -> nn.Module:
+    if ortho:
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+def mlp(in_size: int, sizes: List[int], activation: type, ortho: bool = True) -> nn.Sequential:
+    layers = []
+    for h in sizes:
+        layers += [init_layer(nn.Linear(in_size, h), ortho=ortho), activation()]
+        in_size = h
+    return nn.Sequential(*layers)
+
+
+class RunningNorm(nn.Module):
+    """Running mean and variance (Chan et al.'s parallel update) of ``shape``-d samples, as
+    buffers; ``forward`` normalises and clips."""
+
+    def __init__(self, shape: tuple, clip: Optional[float] = NORM_CLIP):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.zeros(()))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, *self.mean.shape).float()
+        n, mean, var = x.shape[0], x.mean(0), x.var(0, unbiased=False)
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * (n / total)
+        self.var.copy_((self.var * self.count + var * n + delta ** 2 * self.count * n / total) / total)
+        self.count.copy_(total)
+
+    def std(self) -> torch.Tensor:
+        return (self.var + 1e-8).sqrt()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = (x - self.mean) / self.std()
+        return y if self.clip is None else y.clamp(-self.clip, self.clip)
+
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.std() + self.mean
+
+
+# --- image encoders: take uint8 [N, C, H, W] or [N, H, W, C], or their ``scale`` output -----
+class NatureCNN(nn.Module):
+    """Mnih et al. (2015): 3 convolutions and a 512-unit layer."""
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
+        super().__init__()
+        self.hwc, c = hwc, chw[0]
+        self.convs = nn.Sequential(
+            init_layer(nn.Conv2d(c, 32, 8, stride=4), ortho=ortho), nn.ReLU(),
+            init_layer(nn.Conv2d(32, 64, 4, stride=2), ortho=ortho), nn.ReLU(),
+            init_layer(nn.Conv2d(64, 64, 3, stride=1), ortho=ortho), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            n_flat = self.convs(torch.zeros(1, *chw)).shape[1]
+        self.out_size = 512
+        self.fc = nn.Sequential(init_layer(nn.Linear(n_flat, self.out_size), ortho=ortho), nn.ReLU())
+        self.to(memory_format=torch.channels_last)  # only the 4-d conv weights change
+
+    def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """uint8 frames -> float in [0, 1], channels-last (oneDNN's fast layout on a CPU; a
+        [H, W, C] frame permuted is channels-last already). Two passes, into ``out`` when given
+        (reused across learner batches: fresh large tensors page-fault on first touch)."""
+        if self.hwc:
+            obs = obs.permute(0, 3, 1, 2)
+        if out is None or out.shape != obs.shape:
+            out = torch.empty(obs.shape, device=obs.device, memory_format=torch.channels_last)
+        return out.copy_(obs).mul_(1.0 / 255.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(x))
+
+
+class SmallCNN(nn.Module):
+    """For small images (MiniGrid's 7 x 7 views): two 3 x 3 same-padding convolutions, so any
+    size fits, then a 128-unit layer."""
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
+        super().__init__()
+        self.hwc, (c, h, w) = hwc, chw
+        self.convs = nn.Sequential(
+            init_layer(nn.Conv2d(c, 16, 3, padding=1), ortho=ortho), nn.ReLU(),
+            init_layer(nn.Conv2d(16, 32, 3, padding=1), ortho=ortho), nn.ReLU(), nn.Flatten())
+        self.out_size = 128
+        self.fc = nn.Sequential(init_layer(nn.Linear(32 * h * w, self.out_size), ortho=ortho), nn.ReLU())
+
+    def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.hwc:
+            obs = obs.permute(0, 3, 1, 2)
+        return obs.float().mul_(1.0 / 255.0).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(x))
+
+
+class TinyEncoder(nn.Module):
+    """Every eighth pixel of each frame and one 32-unit layer: a model whose inference and
+    learning cost next to nothing beside an env step, to measure the engine's own overhead. It
+    does not learn Atari games well."""
+
+    STRIDE = 8
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
+        super().__init__()
+        self.hwc, (c, h, w) = hwc, chw
+        n_in = c * -(-h // self.STRIDE) * -(-w // self.STRIDE)
+        self.out_size = 32
+        self.fc = nn.Sequential(nn.Flatten(), init_layer(nn.Linear(n_in, self.out_size), ortho=ortho),
+                                nn.ReLU())
+
+    def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.hwc:
+            obs = obs.permute(0, 3, 1, 2)
+        small = obs[..., ::self.STRIDE, ::self.STRIDE]
+        if out is None or out.shape != small.shape:
+            out = torch.empty(small.shape, device=obs.device)
+        return out.copy_(small).mul_(1.0 / 255.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool) -> nn.Module:
+    hwc = channel_last(space)
+    chw = (space.shape[2], space.shape[0], space.shape[1]) if hwc else tuple(space.shape)
+    if cnn == "tiny":
+        return TinyEncoder(chw, hwc, ortho)
+    if min(chw[1:]) < NATURE_MIN_SIZE:
+        return SmallCNN(chw, hwc, ortho)
+    return NatureCNN(chw, hwc, ortho)
+
+
+def onehot_size(space: gym.Space) -> int:
+    return int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.sum(space.nvec))
+
+
+def preprocess_leaf(space: gym.Space, x: torch.Tensor, sb3: bool) -> torch.Tensor:
+    """A stored leaf as a network input (float): Discrete/MultiDiscrete one-hot (the per-dimension
+    one-hots concatenated), the rest flattened to [N, -1] except images; uint8 over 0..255
+    scaled to [0, 1] (SB3's convention, ``sb3``: images only, [C, H, W])."""
+    n = x.shape[0]
+    if isinstance(space, gym.spaces.Discrete):
+        return F.one_hot(x.long(), int(space.n)).float()
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        nvec = np.asarray(space.nvec).reshape(-1)
+        cols = x.long().reshape(n, -1)
+        return torch.cat([F.one_hot(cols[:, i], int(k)).float() for i, k in enumerate(nvec)], -1)
+    if sb3 and is_image(space):
+        x = x.permute(0, 3, 1, 2) if channel_last(space) else x
+        return x.float().div_(255.0).contiguous()
+    x = x.reshape(n, -1).float()
+    return x.div_(255.0) if scaled_uint8(space) and not sb3 else x
+
+
+def normalized_keys(spec: EnvSpec) -> List[str]:
+    """Leaves a running observation normaliser applies to: non-image float-valued Boxes."""
+    return [k for k, (_, s) in spec.leaves.items()
+            if isinstance(s, gym.spaces.Box) and not is_image(s) and not scaled_uint8(s)]
+
+
+def sb3_space(space: gym.Space) -> gym.Space:
+    """The space as SB3's policies see it: channel-last images transposed (VecTransposeImage)."""
+    if is_image(space) and channel_last(space):
+        return gym.spaces.Box(np.transpose(space.low, (2, 0, 1)), np.transpose(space.high, (2, 0, 1)),
+                              dtype=space.dtype)
+    return space
