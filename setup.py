@@ -24,6 +24,7 @@ setup(
     extras_require={
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],
         "bench": ["matplotlib>=3.5"],
+        "mujoco": ["gymnasium[mujoco]>=1.0"],  # HalfCheetah-v5 etc. (benchmarks/continuous_control.py)
         "sb3": ["stable-baselines3>=2.3"],  # get_env(), SB3 callbacks in learn()
         "ray": ["ray>=2.9"],                # asyncrl.pbt on a Ray cluster
         # asyncrl enjoy --save_video (pygame renders gymnasium's classic-control envs)
