@@ -9,7 +9,6 @@ import shutil
 import weakref
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -17,6 +16,7 @@ from asyncrl.envs import is_atari_id
 
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
+from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
 from .fileio import atomic_torch_save, make_scratch_dir
 from .learner import make_optimizer, rng_path
@@ -81,7 +81,7 @@ class APPO:
         env_spec = probe_env(self.env_factory)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
         self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari, cpu_only=cpu_only,
-                                                       continuous=has_box(self.action_space)))
+                                                       continuous=not make_distribution(self.action_space).discrete))
         if self.config.seed is None:
             self.config = self.config.replace(seed=random.randrange(2 ** 31))
         for name in MUTABLE_HPARAMS:
@@ -436,16 +436,6 @@ def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[in
             if info.get("game_over", True):
                 return total, length
             obs, info = env.reset()  # a lost life: the game goes on
-
-
-def has_box(space) -> bool:
-    """Whether an action space has a continuous part (the continuous defaults apply)."""
-    if isinstance(space, gym.spaces.Box):
-        return True
-    if isinstance(space, (gym.spaces.Tuple, gym.spaces.Dict)):
-        return any(has_box(s) for s in (space.spaces.values() if isinstance(space, gym.spaces.Dict)
-                                        else space.spaces))
-    return False
 
 
 def _as_numpy(action: Any) -> Any:

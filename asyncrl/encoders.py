@@ -157,8 +157,14 @@ def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool) -> nn.Module:
     return NatureCNN(chw, hwc, ortho)
 
 
-def onehot_size(space: gym.Space) -> int:
-    return int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.sum(space.nvec))
+def flat_width(space: gym.Space) -> int:
+    """Width of a non-image leaf as ``preprocess_leaf`` makes it: the one-hot size of
+    Discrete/MultiDiscrete, else its elements."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(np.sum(space.nvec))
+    return int(np.prod(space.shape if isinstance(space, gym.spaces.Box) else np.atleast_1d(space.n)))
 
 
 def preprocess_leaf(space: gym.Space, x: torch.Tensor, sb3: bool) -> torch.Tensor:

@@ -19,6 +19,7 @@ from .fileio import atomic_torch_save
 from .losses import masked_mean, ppo_loss
 from .messages import Report, ReportKind
 from .models import ActorCritic, PolicySpec
+from .spaces import split_obs_names
 from .timing import StageTimer
 from .vtrace import VTraceReturns, vtrace
 
@@ -43,8 +44,8 @@ class Batch(NamedTuple):
 
 def make_batch(tensors: Dict[str, torch.Tensor]) -> Batch:
     """A Batch from buffer-spec names: "obs/<key>" entries become ``obs``."""
-    obs = {name[4:]: x for name, x in tensors.items() if name.startswith("obs/")}
-    return Batch(obs, **{k: v for k, v in tensors.items() if not k.startswith("obs/")})
+    obs, rest = split_obs_names(tensors)
+    return Batch(obs, **rest)
 
 
 class BatchGatherer:

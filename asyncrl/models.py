@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (RunningNorm, init_layer, image_encoder, mlp, normalized_keys, onehot_size,
+from .encoders import (RunningNorm, init_layer, image_encoder, mlp, normalized_keys, flat_width,
                        preprocess_leaf, sb3_space)
 from .spaces import EnvSpec, is_image
 
@@ -94,10 +94,7 @@ class ActorCritic(nn.Module):
 
     def _features_dim(self, encoders: nn.Module) -> int:
         if isinstance(encoders, nn.ModuleList):
-            return sum(e.out_size if hasattr(e, "out_size") else
-                       (onehot_size(s) if isinstance(s, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
-                        else int(np.prod(s.shape if isinstance(s, gym.spaces.Box) else np.atleast_1d(s.n))))
-                       for e, s in zip(encoders, self.spaces))
+            return sum(getattr(e, "out_size", None) or flat_width(s) for e, s in zip(encoders, self.spaces))
         dim = getattr(encoders, "features_dim", None)
         if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim < 1:
             raise ConfigError(f"features_extractor_class {type(encoders).__name__} has no positive "
@@ -264,8 +261,7 @@ def build_checked(spec: PolicySpec, cfg: Config) -> ActorCritic:
         raise ConfigError(f"building the model failed ({type(e).__name__}: {e}); check "
                           "policy_kwargs / policy") from e
     space = spec.env.observation_space
-    arrays, n, _ = spec.env.batch_obs([space.sample(), space.sample()] if spec.env.bare else
-                                      _stack_samples(space, 2))
+    arrays, n, _ = spec.env.batch_obs(_stack_samples(space, 2))
     obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
     try:
         with torch.no_grad():
@@ -284,7 +280,7 @@ def build_checked(spec: PolicySpec, cfg: Config) -> ActorCritic:
 
 
 def _stack_samples(space: gym.Space, n: int) -> Any:
-    """n samples of a Dict/Tuple space, batched per key (what predict accepts)."""
+    """n samples of a space, batched (per key for Dict/Tuple spaces: what predict accepts)."""
     samples = [space.sample() for _ in range(n)]
 
     def stack(items, sp):

@@ -16,7 +16,7 @@ from .buffers import SharedControl, SharedWeights, TrajectoryBuffers
 from .config import Config
 from .messages import Report, ReportKind
 from .models import ActorCritic, PolicySpec
-from .spaces import MASK_KEY
+from .spaces import MASK_KEY, split_obs_names
 from .timing import StageTimer
 
 REPORT_INTERVAL = 1.0
@@ -122,8 +122,8 @@ class PolicyWorker:
             if self.device.type == "cuda":
                 x = x.to(self.device, non_blocking=True)
             inputs[name] = x
-        mask = inputs.pop(MASK_KEY, None)
-        obs = {name[4:]: x for name, x in inputs.items()}  # "obs/<key>" -> key
+        obs, rest = split_obs_names(inputs)
+        mask = rest.get(MASK_KEY)
         params, values = self.forward(obs)
         actions, log_probs = self.model.dist.sample(params, mask)
         shape = (num_requests, -1)

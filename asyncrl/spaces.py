@@ -19,12 +19,20 @@ import torch
 from .config import ConfigError
 
 MASK_KEY = "action_mask"
-MASK_SOURCES = ("obs", "method", "info")  # where an env's action masks come from
 UNSUPPORTED_HINTS = {
     gym.spaces.Text: "encode the text as a Box of token ids (a gymnasium ObservationWrapper)",
     gym.spaces.Sequence: "pad it to a fixed-length Box with a mask (an ObservationWrapper)",
     gym.spaces.Graph: "encode the graph as fixed-size Box node/edge arrays (an ObservationWrapper)",
 }
+
+
+OBS_PREFIX = "obs/"  # buffer-spec names of observation leaves: "obs/<key>"
+
+
+def split_obs_names(tensors: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """({leaf key: x} of the "obs/<key>" entries, {name: x} of the others)."""
+    obs = {n[len(OBS_PREFIX):]: x for n, x in tensors.items() if n.startswith(OBS_PREFIX)}
+    return obs, {n: x for n, x in tensors.items() if not n.startswith(OBS_PREFIX)}
 
 
 class Entry(NamedTuple):
@@ -109,7 +117,7 @@ def get_path(obs: Any, path: tuple) -> Any:
 
 class EnvSpec:
     """The env's spaces as the engine uses them. ``leaves``: {key: (path, space)} of the model's
-    inputs; ``mask_source``: None or one of MASK_SOURCES; ``mask_size``: entries of a mask."""
+    inputs; ``mask_source``: None, "obs", "method" or "info"; ``mask_size``: entries of a mask."""
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  mask_source: Optional[str] = None, mask_size: int = 0):
@@ -130,7 +138,7 @@ class EnvSpec:
         out = {}
         for key, (_, space) in self.leaves.items():
             shape, dtype = leaf_storage(space)
-            out[f"obs/{key}"] = Entry(shape, torch_dtype(dtype), True)
+            out[OBS_PREFIX + key] = Entry(shape, torch_dtype(dtype), True)
         if self.mask_source is not None:
             out[MASK_KEY] = Entry((self.mask_size,), torch.bool, True)
         return out
@@ -173,14 +181,14 @@ class ObsWriter:
 
     def __init__(self, spec: EnvSpec):
         self.items: List[Tuple[str, tuple, Any]] = [
-            (f"obs/{key}", path, spec.leaf_offset(key)) for key, (path, _) in spec.leaves.items()]
+            (OBS_PREFIX + key, path, spec.leaf_offset(key)) for key, (path, _) in spec.leaves.items()]
         if spec.mask_source == "obs":
             self.items.append((MASK_KEY, (MASK_KEY,), None))
         self.bare = spec.bare and self.items[0][2] is None  # no start to subtract
 
     def __call__(self, views: Dict[str, np.ndarray], i: int, obs: Any) -> None:
         if self.bare:
-            views["obs/obs"][i] = obs
+            views[OBS_PREFIX + "obs"][i] = obs
             return
         for name, path, offset in self.items:
             x = get_path(obs, path)
