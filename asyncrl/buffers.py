@@ -7,7 +7,10 @@ after a crash.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import threading
 from enum import IntEnum
 from typing import Dict, Tuple
 
@@ -27,6 +30,7 @@ STEP_ENTRIES = {  # what every trajectory records per step, whatever the spaces
     "truncated": Entry((), torch.bool, False),   # time-limit ends among them
     "policy_versions": Entry((), torch.int64, False),
 }
+_RECOVERY = threading.Lock()  # SharedWeights.recover_from_death, within the main process
 SENTINELS = {torch.float32: float("nan"), torch.int64: -1}  # unwritten step data shows
 
 
@@ -37,23 +41,50 @@ def buffer_spec(env: EnvSpec, dist) -> Dict[str, Entry]:
     return {**env.obs_entries(), "actions": actions, **STEP_ENTRIES}
 
 
+class SlotState:
+    """What ``slot_owner`` holds for a slot. A rollout worker process is named by its serial,
+    ``incarnation * num_workers + worker_idx``, unique in the run of a process graph.
+
+    - ``>= 0``: the serial of the rollout worker filling the slot;
+    - ``FREE`` (-1): in the free queue, or accepted by the learner;
+    - ``<= -2``: full, handed to the learner by serial ``-2 - state``: marked before it is
+      queued, so that a worker killed in between leaves the slot visible (the learner takes it
+      as full); the learner accepts a queued slot only in this state, so one queued twice (by
+      its worker and after its worker's death) is trained on once.
+    """
+    FREE = -1
+
+    @staticmethod
+    def serial(worker_idx: int, incarnation: int, num_workers: int) -> int:
+        return incarnation * num_workers + worker_idx
+
+    @staticmethod
+    def handing(serial: int) -> int:
+        return -2 - serial
+
+
 class TrajectoryBuffers:
     """``num_slots`` slots, each one env group's trajectory of ``rollout`` steps: for every entry
     of the spec a tensor ``[S, rows, E, *shape]`` (rows T+1 for observed entries, whose row T is
     the state after the last step; T for the rest), in ``tensors`` by name.
 
-    Bookkeeping for restarting a killed rollout worker: ``slot_owner`` [S] (the rollout worker
-    filling each slot, -1 when none is), ``incarnation`` [num_workers] (moved by the main
-    process when it replaces a worker: requests of the dead one are then dropped) and
-    ``policy_ticks`` [num_policy_workers] (each policy worker counts its loop passes: once every
-    one has moved, no request of the dead worker is being served any more).
+    Bookkeeping for replacing a killed component (see ``SlotState``): ``slot_owner`` [S] (each
+    slot's state), ``incarnation`` [num_workers] (moved by the main process when it replaces a
+    rollout worker: requests of the dead one are then dropped), ``reclaimable`` [num_workers]
+    (slots of a worker's incarnations below this may be taken back: the main process sets it
+    once no policy worker serves the dead one any more), ``claiming`` [num_workers] (1 while a
+    rollout worker holds a slot taken from the free queue that it has not marked as its own
+    yet), ``policy_ticks`` [num_policy_workers] (each policy worker counts its loop passes: once
+    every one has moved, no request of the dead worker is being served any more) and
+    ``policy_incarnation`` [num_policy_workers] (moved when a policy worker is replaced:
+    rollout workers send their unanswered requests again).
     """
 
     @staticmethod
     def nbytes(cfg: Config, spec: Dict[str, Entry]) -> int:
         """Shared memory the buffers take."""
         S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
-        total = 8 * (S + cfg.num_workers + cfg.num_policy_workers)
+        total = 8 * (S + 3 * cfg.num_workers + 2 * cfg.num_policy_workers)
         for e in spec.values():
             itemsize = torch.empty((), dtype=e.dtype).element_size()
             total += S * (T + e.observed) * E * int(np.prod(e.shape)) * itemsize
@@ -69,9 +100,17 @@ class TrajectoryBuffers:
         self.tensors = {name: shared((S, T + e.observed, E, *e.shape), e.dtype,
                                      0 if e.observed else SENTINELS.get(e.dtype, 0))
                         for name, e in spec.items()}
-        self.slot_owner = shared((S,), torch.int64, -1)
-        self.incarnation = shared((cfg.num_workers,), torch.int64, 0)
-        self.policy_ticks = shared((cfg.num_policy_workers,), torch.int64, 0)
+        W, P = cfg.num_workers, cfg.num_policy_workers
+        self.slot_owner = shared((S,), torch.int64, SlotState.FREE)
+        self.incarnation = shared((W,), torch.int64, 0)
+        self.reclaimable = shared((W,), torch.int64, 0)
+        self.claiming = shared((W,), torch.int64, 0)
+        self.policy_ticks = shared((P,), torch.int64, 0)
+        self.policy_incarnation = shared((P,), torch.int64, 0)
+
+    def bookkeeping(self) -> list:
+        return [self.slot_owner, self.incarnation, self.reclaimable, self.claiming,
+                self.policy_ticks, self.policy_incarnation]
 
     def __getattr__(self, name: str) -> torch.Tensor:  # buffers.rewards etc.
         tensors = self.__dict__.get("tensors", {})
@@ -88,7 +127,7 @@ class TrajectoryBuffers:
 
 
 class Ctl(IntEnum):
-    """Fields of the shared control vector. The main process writes all but the learner's two."""
+    """Fields of the shared control vector. The main process writes all but the learner's."""
     STOP = 0               # 1: every component closes and its process exits
     TARGET_ENV_STEPS = 1   # the learner stops once it has trained on this many samples
     TRAINED_ENV_STEPS = 2  # samples the learner has trained on (learner; main resets it)
@@ -100,6 +139,8 @@ class Ctl(IntEnum):
     OPTIMIZER_EPOCH = 7    # moves when the user replaced the optimizer state file
     SNAPSHOT_REQUEST = 8   # moves when the main process wants the learner's exact state on disk
     SNAPSHOT_DONE = 9      # the request the learner has written its state for (learner)
+    RECLAIM = 10           # moves when a rollout worker was replaced: the learner takes its slots back
+    SLOTS_RECLAIMED = 11   # slots the learner took back from dead workers, in this graph (learner)
 
 
 class SharedControl:
@@ -180,6 +221,65 @@ class QueueLock:
         self.release()
 
 
+class SharedOptimizerState:
+    """Adam's moments and step counts after every update, beside the published weights, so that
+    a learner that replaces a killed one goes on from the optimizer state the current weights
+    came from, losing only the update in flight. Two copies written in turn, each tagged with
+    the weights version it belongs to and the optimizer epoch (an optimizer file the user set
+    later wins). The learner writes; only its replacement reads."""
+
+    def __init__(self, model: nn.Module):
+        params = list(model.parameters())
+        self.flat = torch.zeros(2, 2 * sum(p.numel() for p in params) + len(params)).share_memory_()
+        self.tags = torch.full((2, 2), -1, dtype=torch.int64).share_memory_()  # version, epoch
+
+    @staticmethod
+    def _params(optimizer: torch.optim.Optimizer) -> list:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def write(self, optimizer: torch.optim.Optimizer, version: int, epoch: int) -> None:
+        params, state = self._params(optimizer), optimizer.state
+        if not state:
+            return  # no step taken yet: the file state (or a fresh Adam) is the state
+        copy = 0 if int(self.tags[0, 0]) <= int(self.tags[1, 0]) else 1  # the older one
+        self.tags[copy, 0] = -1  # invalid while written: a learner killed here leaves the other
+        out, offset = self.flat[copy], 0
+        for key in ("exp_avg", "exp_avg_sq"):
+            for p in params:  # a parameter that never had a gradient has no state: step 0
+                if p in state:
+                    out[offset:offset + p.numel()].copy_(state[p][key].reshape(-1))
+                offset += p.numel()
+        out[offset:].copy_(torch.tensor([float(state[p]["step"]) if p in state else 0.0
+                                         for p in params]))
+        self.tags[copy, 1] = epoch
+        self.tags[copy, 0] = version
+
+    @torch.no_grad()
+    def read(self, optimizer: torch.optim.Optimizer, version: int, epoch: int) -> bool:
+        """Load the copy that belongs to weights ``version`` into ``optimizer``; False if none."""
+        for copy in (0, 1):
+            if self.tags[copy].tolist() == [version, epoch]:
+                break
+        else:
+            return False
+        params, flat, offset = self._params(optimizer), self.flat[copy].clone(), 0
+        moments = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            for p in params:
+                moments[(key, p)] = flat[offset:offset + p.numel()].view(p.shape)
+                offset += p.numel()
+        if int(self.tags[copy, 0]) != version:  # rewritten while copied (cannot happen once the
+            return False                        # writer is dead; cheap to check)
+        state_dict = optimizer.state_dict()
+        state_dict["state"] = {i: {"step": flat[offset + i].clone(),
+                                   "exp_avg": moments[("exp_avg", p)],
+                                   "exp_avg_sq": moments[("exp_avg_sq", p)]}
+                               for i, p in enumerate(params) if flat[offset + i] > 0}
+        optimizer.load_state_dict(state_dict)
+        return True
+
+
 def _state_tensors(model: nn.Module) -> list:
     """Parameters and buffers (normalisers' statistics, BatchNorm's), in state_dict order: what
     policy workers, a resumed learner and checkpoints must all see."""
@@ -187,21 +287,52 @@ def _state_tensors(model: nn.Module) -> list:
 
 
 class SharedWeights:
-    """The learner's state (parameters and module buffers) as one flat shared float vector,
-    plus a version counter. Integer buffers pass through it exactly up to 2**24.
+    """The learner's state (parameters and module buffers) as flat shared float vectors, plus a
+    version counter. Integer buffers pass through it exactly up to 2**24.
 
     Readers reload only when the version moved (``load_if_newer``); a lock makes each copy whole.
+    Two copies, written in turn: a learner killed while publishing leaves the previous weights
+    whole (``recover_from_death`` then hands back the lock it held), which a replacement
+    learner and the main process read on.
     """
 
+    CURRENT, HOLDER = 0, 1  # meta fields; then (version, env steps) of copy 0 and of copy 1
+
     def __init__(self, model: nn.Module, version: int = 0, env_steps: int = 0):
-        self.flat = torch.zeros(sum(t.numel() for t in _state_tensors(model))).share_memory_()
-        self.meta = torch.zeros(2, dtype=torch.int64).share_memory_()  # version, env steps trained
+        self.flat = torch.zeros(2, sum(t.numel() for t in _state_tensors(model))).share_memory_()
+        self.meta = torch.zeros(6, dtype=torch.int64).share_memory_()
         self.lock = QueueLock()
         self.publish(model, version, env_steps)
 
+    def _counters(self, copy: int) -> Tuple[int, int]:
+        return int(self.meta[2 + 2 * copy]), int(self.meta[3 + 2 * copy])
+
     @property
     def version(self) -> int:
-        return int(self.meta[0])
+        return self._counters(int(self.meta[self.CURRENT]))[0]
+
+    @contextlib.contextmanager
+    def _locked(self, timeout: float):
+        if not self.lock.acquire(timeout=timeout):
+            raise TimeoutError(f"the shared weights stayed locked for {timeout:.0f} s: a process "
+                               "died or hangs holding them")
+        self.meta[self.HOLDER] = os.getpid()
+        try:
+            yield
+        finally:
+            self.meta[self.HOLDER] = 0
+            self.lock.release()
+
+    def recover_from_death(self, pid: int) -> bool:
+        """Process ``pid`` is dead: if it held the lock, hand the lock back (the copy it was
+        writing is not the current one; one it was reading is unchanged). Returns whether it
+        did."""
+        with _RECOVERY:  # the main thread and the lock watcher may both see the death
+            if int(self.meta[self.HOLDER]) != pid:
+                return False
+            self.meta[self.HOLDER] = 0
+            self.lock.release()
+            return True
 
     @torch.no_grad()
     def publish(self, model: nn.Module, version: int, env_steps: int) -> None:
@@ -210,22 +341,21 @@ class SharedWeights:
         vec = torch.cat([t.detach().reshape(-1).float() for t in _state_tensors(model)]).to("cpu")
         if not bool(torch.isfinite(vec).all()):
             raise FloatingPointError(f"refusing to publish non-finite weights (version {version})")
-        with self.lock:
-            self.flat.copy_(vec)
-            self.meta[0], self.meta[1] = version, env_steps
+        with self._locked(60.0):
+            spare = 1 - int(self.meta[self.CURRENT])
+            self.flat[spare].copy_(vec)
+            self.meta[2 + 2 * spare], self.meta[3 + 2 * spare] = version, env_steps
+            self.meta[self.CURRENT] = spare  # one write: the new copy is whole
 
     @torch.no_grad()
     def load(self, model: nn.Module, lock_timeout: float = 60.0) -> Tuple[int, int]:
         """Copy the published weights into ``model``; returns (version, env steps trained)."""
         tensors = _state_tensors(model)
         device = tensors[0].device
-        if not self.lock.acquire(timeout=lock_timeout):
-            raise TimeoutError("the shared weights stayed locked: a writer died mid-publish")
-        try:
-            vec = self.flat.to(device, copy=True)
-            version, env_steps = self.meta.tolist()
-        finally:
-            self.lock.release()
+        with self._locked(lock_timeout):
+            current = int(self.meta[self.CURRENT])
+            vec = self.flat[current].to(device, copy=True)
+            version, env_steps = self._counters(current)
         offset = 0
         for t in tensors:  # copy_ keeps each tensor's memory format
             t.copy_(vec[offset:offset + t.numel()].view(t.shape))

@@ -120,10 +120,12 @@ class Config:
         3, "Restarts of one env in a row, each failing before it completed a step (a crash "
         "loop), before the run ends with the env's last traceback.")
     max_worker_restarts: int = _f(
-        10, "Rollout worker processes that die without an error of their own (killed by a "
-        "signal, the OOM killer, a segfault in an env) are restarted, their slots reclaimed; "
-        "after this many restarts in one run of the process graph the run fails. 0: fail at "
-        "the first death.")
+        10, "Component processes (rollout workers, policy workers, the learner) that die without "
+        "an error of their own (killed by a signal, the OOM killer, a segfault in an env) are "
+        "replaced: a rollout worker's slots are taken back, a policy worker's unanswered "
+        "requests sent again, a learner goes on from the last published weights and Adam's "
+        "state; after this many replacements in one run of the process graph the run fails. "
+        "0: fail at the first death.")
     max_nonfinite_updates: int = _f(
         10, "A minibatch step with a non-finite loss or gradient is skipped (and counted); this "
         "many in a row end the run. Non-finite weights are never published nor saved.")

@@ -13,7 +13,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import torch
 from torch import nn
 
-from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers
+from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
+                      SlotState, TrajectoryBuffers)
 from .config import MUTABLE_HPARAMS, Config
 from .fileio import atomic_torch_save
 from .losses import masked_mean, ppo_loss
@@ -123,11 +124,13 @@ def make_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
 
 class Learner:
     def __init__(self, cfg: Config, policy_spec: PolicySpec, device: str, buffers: TrajectoryBuffers,
-                 weights: SharedWeights, hparams: SharedHyperParams, ctl: SharedControl, queues,
-                 optimizer_path: str, serial: bool = False):
+                 weights: SharedWeights, optimizer_state: SharedOptimizerState,
+                 hparams: SharedHyperParams, ctl: SharedControl, queues, optimizer_path: str,
+                 serial: bool = False):
         self.cfg, self.device = cfg, torch.device(device)
         self.policy_spec = policy_spec
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
+        self.shared_optimizer = optimizer_state
         self.hparams, self.hparams_version = hparams, None
         self.optimizer_path, self.optimizer_epoch = optimizer_path, 0
         self.snapshot_served = 0
@@ -136,7 +139,8 @@ class Learner:
         self.report_queue = queues.report
         self.name = "learner"
         self.timer = StageTimer()
-        self.pending: List[int] = []
+        self.pending: List[int] = []  # full slots accepted, not yet trained on
+        self.reclaim_seen = -1        # the first step audits the slots (a replaced learner's)
         self.finished = False
         self.optimizer = None
         self.nonfinite_in_a_row = 0
@@ -150,9 +154,15 @@ class Learner:
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + 20_000)
         self.model = ActorCritic(self.policy_spec, cfg).to(self.device)
-        self.version, _ = self.weights.load(self.model)
+        # A learner replacing a killed one goes on from the last published weights, their
+        # counters and Adam's state after the update that made them.
+        self.version, trained = self.weights.load(self.model)
+        self.ctl[Ctl.TRAINED_ENV_STEPS] = trained
         self.optimizer = make_optimizer(self.model, cfg)
+        self.optimizer_epoch = self.ctl[Ctl.OPTIMIZER_EPOCH]
         self._load_optimizer()
+        self.shared_optimizer.read(self.optimizer, self.version, self.optimizer_epoch)
+        self.map_slot_states()
         self.gather = BatchGatherer(self.buffers, cfg.slots_per_batch, self.device)
         # The first batch also waits for env construction and the policy worker's start-up.
         self.last_progress = time.perf_counter() + cfg.worker_timeout
@@ -197,22 +207,25 @@ class Learner:
     def step(self, timeout: float) -> bool:
         if self.ctl[Ctl.SNAPSHOT_REQUEST] != self.snapshot_served:
             self.snapshot()
+        if self.ctl[Ctl.RECLAIM] != self.reclaim_seen:
+            self._take_back_slots()
         if self.finished:  # reached the target: wait for the pause
             time.sleep(min(timeout, 0.005))
             return False
-        need = self.cfg.slots_per_batch - len(self.pending)
+        spb = self.cfg.slots_per_batch
+        need = spb - len(self.pending)
         t0 = time.perf_counter()
         try:
             if need > 0:
-                self.pending += self.full_slot_queue.get_many(
-                    block=timeout > 0, timeout=timeout, max_messages_to_get=need)
+                self._accept(self.full_slot_queue.get_many(
+                    block=timeout > 0, timeout=timeout, max_messages_to_get=need))
         except queue.Empty:
             pass
         self.timer.add("wait_batch", time.perf_counter() - t0)
-        if len(self.pending) < self.cfg.slots_per_batch:
+        if len(self.pending) < spb:
             self._check_stuck()
             return False
-        slots, self.pending = self.pending, []
+        slots, self.pending = self.pending[:spb], self.pending[spb:]
         self._apply_hparams()
         with self.timer("gather"):
             batch = self.gather(slots)
@@ -225,7 +238,8 @@ class Learner:
             return False
         self.version += 1
         trained = self.ctl[Ctl.TRAINED_ENV_STEPS] + self.cfg.batch_size
-        with self.timer("publish"):
+        with self.timer("publish"):  # Adam's state first: the weights it belongs to may follow
+            self.shared_optimizer.write(self.optimizer, self.version, self.optimizer_epoch)
             self.weights.publish(self.model, self.version, trained)
         self.ctl[Ctl.TRAINED_ENV_STEPS] = trained
         self._free(slots)
@@ -240,6 +254,59 @@ class Learner:
     def _free(self, slots: List[int]) -> None:
         self.free_slot_queue.put_many(slots)
         self.wake_rollout_workers()
+
+    def map_slot_states(self) -> None:
+        b = self.buffers
+        self.slot_owner_np = b.slot_owner.numpy()
+        self.claiming_np, self.reclaimable_np = b.claiming.numpy(), b.reclaimable.numpy()
+
+    def _accept(self, slots: List[int]) -> None:
+        """Full slots from the queue: each is taken once, in the state its worker marked it with
+        before queueing it (a slot of a killed worker may also have been taken back: see
+        SlotState)."""
+        owner = self.slot_owner_np
+        for slot in slots:
+            if owner[slot] <= SlotState.handing(0):
+                owner[slot] = SlotState.FREE
+                self.pending.append(slot)
+
+    def _take_back_slots(self) -> None:
+        """The audit after a rollout worker was replaced (and when this learner starts, which
+        may be in place of a killed one): slots of dead workers come back, full ones to be
+        trained on, others to the free queue, and so do slots that are nowhere: lost by a
+        worker killed between taking a free slot and marking it, or held by a dead learner.
+        This process is the only one that frees slots, so with the free queue drained and no
+        live worker inside a claim, a free-marked slot that is neither drained nor pending is
+        lost. A worker dead inside a claim and not replaced yet keeps its flag up: the audit is
+        tried again later."""
+        request = self.ctl[Ctl.RECLAIM]
+        drained = []
+        while True:
+            try:
+                drained += self.free_slot_queue.get_many(block=False)
+            except queue.Empty:
+                break
+        deadline = time.perf_counter() + 1.0
+        while self.claiming_np.any():
+            if time.perf_counter() > deadline:
+                self._free(drained)
+                return
+            time.sleep(0.001)
+        W, owner, reclaimable = self.cfg.num_workers, self.slot_owner_np, self.reclaimable_np
+        known, free, full = set(drained) | set(self.pending), [], []
+        for slot, state in enumerate(owner.tolist()):
+            if state == SlotState.FREE:
+                if slot not in known:
+                    free.append(slot)
+                continue
+            serial = state if state >= 0 else SlotState.handing(state)  # handing() is its inverse
+            if serial // W < reclaimable[serial % W]:
+                owner[slot] = SlotState.FREE
+                (free if state >= 0 else full).append(slot)
+        self.pending += full
+        self._free(drained + free)
+        self.ctl[Ctl.SLOTS_RECLAIMED] += len(free) + len(full)
+        self.reclaim_seen = request
 
     def _check_stuck(self) -> None:
         waited = time.perf_counter() - self.last_progress

@@ -12,6 +12,7 @@ class PolicyRequest(NamedTuple):
     slot_idx: int
     t: int
     incarnation: int  # of the worker: a replaced (killed) worker's requests are dropped
+    policy_incarnation: int  # of the policy worker asked: a replacement drops older requests
 
 
 class ReportKind(Enum):

@@ -43,6 +43,7 @@ class PolicyWorker:
         b = self.buffers  # numpy views: small fancy-indexed copies are cheaper than in torch
         arrays = b.numpy()
         self.incarnation_np, self.ticks_np = b.incarnation.numpy(), b.policy_ticks.numpy()
+        self.incarnation = int(b.policy_incarnation[self.policy_idx])
         # Observed entries flattened to [S * (T+1), E, ...], gathered by slot * (T+1) + t into
         # (pinned) staging buffers; the results are written back into the step entries.
         S, T, E = arrays["log_probs"].shape  # step entries: [S, T, E]
@@ -84,10 +85,13 @@ class PolicyWorker:
             self.timer.add("wait_requests", time.perf_counter() - t0)
             return False
         self.timer.add("wait_requests", time.perf_counter() - t0)
-        # Requests of a rollout worker that was killed and replaced: its slots were reclaimed.
-        incarnation = self.incarnation_np
-        if any(r.incarnation != incarnation[r.worker_idx] for r in requests):
-            requests = [r for r in requests if r.incarnation == incarnation[r.worker_idx]]
+        # Requests of a rollout worker that was killed and replaced (its slots were reclaimed),
+        # and those sent to this worker's killed predecessor (they are sent again).
+        rollout_incarnation, incarnation = self.incarnation_np, self.incarnation
+        if any(r.incarnation != rollout_incarnation[r.worker_idx]
+               or r.policy_incarnation != incarnation for r in requests):
+            requests = [r for r in requests if r.incarnation == rollout_incarnation[r.worker_idx]
+                        and r.policy_incarnation == incarnation]
             if not requests:
                 return True
         with self.timer("load_weights"):

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .buffers import Ctl, SharedControl, TrajectoryBuffers
+from .buffers import Ctl, SharedControl, SlotState, TrajectoryBuffers
 from .config import Config
 from .distributions import make_distribution, mask_sizes
 from .ipc import SLOTS_FREED
@@ -71,7 +71,8 @@ class RolloutWorker:
         self.actions_np, self.rewards_np = arrays["actions"], arrays["rewards"]
         self.dones_np, self.truncated_np = arrays["dones"], arrays["truncated"]
         self.versions_np = arrays["policy_versions"]
-        self.slot_owner_np = b.slot_owner.numpy()
+        self.slot_owner_np, self.claiming_np = b.slot_owner.numpy(), b.claiming.numpy()
+        self.policy_incarnation_np = b.policy_incarnation.numpy()
         self.write_obs = ObsWriter(self.env_spec)
         self.dist = make_distribution(self.env_spec.action_space)
         self.mask_source = self.env_spec.mask_source if self.env_spec.mask_source != "obs" else None
@@ -79,6 +80,9 @@ class RolloutWorker:
         # A replacement for a killed worker: new env seeds, and no stale "actions ready" message
         # (the main process moved the incarnation first, so policy workers send no more).
         self.incarnation = int(b.incarnation[self.worker_idx])
+        self.serial = SlotState.serial(self.worker_idx, self.incarnation, cfg.num_workers)
+        self.policy_idx = self.worker_idx % cfg.num_policy_workers
+        self.policy_incarnation = int(self.policy_incarnation_np[self.policy_idx])
         self.action_ready_queue.drain()
         E = cfg.envs_per_group
         for g in range(2):
@@ -118,17 +122,22 @@ class RolloutWorker:
             self._claim_slots()
         # With no slot in either group nothing can be asked for: the wait is for the learner.
         waiting_for = "wait_slot" if all(g.slot_idx is None for g in self.groups) else "wait_actions"
+        # Read before the answers: a replaced policy worker's answers all precede the move.
+        policy_incarnation = int(self.policy_incarnation_np[self.policy_idx])
         t0 = time.perf_counter()
         try:
             ready = self.action_ready_queue.get_many(block=timeout > 0, timeout=timeout)
         except queue.Empty:
-            self.timer.add(waiting_for, time.perf_counter() - t0)
-            self._check_stuck()
-            return False
+            ready = None
         self.timer.add(waiting_for, time.perf_counter() - t0)
-        for group_idx in ready:
+        for group_idx in ready or ():
             if group_idx != SLOTS_FREED:
                 self._step_group(self.groups[group_idx], group_idx)
+        if policy_incarnation != self.policy_incarnation:
+            self._ask_again(policy_incarnation)
+        if ready is None:
+            self._check_stuck()
+            return False
         self.last_progress = time.perf_counter()
         if self.last_progress - self.last_report > REPORT_INTERVAL:
             self.report()
@@ -170,14 +179,13 @@ class RolloutWorker:
         self.steps_since_report += len(group.envs)
         group.t = t + 1
         if group.t < self.cfg.rollout:
-            self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, group.t,
-                                                 self.incarnation))
+            self._request(group_idx)
             return
         # The slot is full: keep its last obs (the next slot's first), hand it to the learner
-        # (disowned first: were this worker killed in between, the slot is lost, not doubled).
+        # (marked first: were this worker killed before the put, the learner still gets it).
         for name, a in self.observed.items():
             group.last_obs[name][:] = a[slot, group.t]
-        self.slot_owner_np[slot] = -1
+        self.slot_owner_np[slot] = SlotState.handing(self.serial)
         self.full_slot_queue.put(slot)
         group.slot_idx = None
         self._claim_slots()
@@ -269,16 +277,36 @@ class RolloutWorker:
         for group_idx, group in enumerate(self.groups):
             if group.slot_idx is not None:
                 continue
+            # Up while a slot taken from the queue is not marked as this worker's: the learner's
+            # audit waits for live workers' flags to drop, and finds a slot a worker killed here
+            # left in neither a queue nor anyone's hands (the main process drops its flag).
+            self.claiming_np[self.worker_idx] = 1
             try:
                 slot = self.free_slot_queue.get(block=False)
             except queue.Empty:
                 continue
-            self.slot_owner_np[slot] = self.worker_idx  # reclaimed if this worker is killed
+            else:
+                self.slot_owner_np[slot] = self.serial  # reclaimed if this worker is killed
+            finally:
+                self.claiming_np[self.worker_idx] = 0
             for name, a in self.observed.items():
                 a[slot, 0] = group.last_obs[name]
             group.slot_idx, group.t = slot, 0
-            self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, slot, 0,
-                                                 self.incarnation))
+            self._request(group_idx)
+
+    def _request(self, group_idx: int) -> None:
+        group = self.groups[group_idx]
+        self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, group.slot_idx, group.t,
+                                             self.incarnation, self.policy_incarnation))
+
+    def _ask_again(self, policy_incarnation: int) -> None:
+        """The policy worker was replaced: the new one drops requests sent to its predecessor,
+        whose answers were all read (they precede the move), so every group still waiting asks
+        again."""
+        self.policy_incarnation = policy_incarnation
+        for group_idx, group in enumerate(self.groups):
+            if group.slot_idx is not None:
+                self._request(group_idx)
 
     def _check_stuck(self) -> None:
         trained = self.ctl[Ctl.TRAINED_ENV_STEPS]

@@ -31,7 +31,8 @@ import torch.multiprocessing as mp
 from multiprocessing import util as mp_util
 
 from . import ipc
-from .buffers import Ctl, SharedControl, SharedHyperParams, SharedWeights, TrajectoryBuffers, buffer_spec
+from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
+                      TrajectoryBuffers, buffer_spec)
 from .config import Config, ConfigError
 from .learner import Learner, snapshot_path
 from .logger import TrainLogger
@@ -158,9 +159,10 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
         _remove_if_orphaned(parent_pid, scratch_dir)
 
 
-def watch_queue_locks(procs: list, queues: list, ctl: SharedControl) -> None:
+def watch_queue_locks(procs: list, queues: list, weights: SharedWeights, ctl: SharedControl) -> None:
     """A thread of the main process: when a component process dies, free the queue locks it held
-    (see ipc), before anyone, the main thread included, blocks on them for good. Deaths are
+    (see ipc) and the shared weights' lock, before anyone, the main thread included, blocks on
+    them for good. Deaths are
     seen through pidfds (Linux >= 5.3): unlike a process's sentinel pipe, which a grandchild
     forked by an env inherits, a pidfd turns readable when that process itself ends. Holds no
     reference to the Runner, so that garbage collection still shuts the graph down."""
@@ -176,6 +178,7 @@ def watch_queue_locks(procs: list, queues: list, ctl: SharedControl) -> None:
                 except ProcessLookupError:  # gone already
                     handled.add(pid)
                     ipc.release_locks_of_dead(pid, queues)
+                    weights.recover_from_death(pid)
             if not pidfds:
                 time.sleep(LOOP_TIMEOUT)
                 continue
@@ -188,6 +191,7 @@ def watch_queue_locks(procs: list, queues: list, ctl: SharedControl) -> None:
                 os.close(pidfds.pop(pid))
                 handled.add(pid)
                 ipc.release_locks_of_dead(pid, queues)
+                weights.recover_from_death(pid)
     finally:
         for fd in pidfds.values():
             os.close(fd)
@@ -317,18 +321,28 @@ class Runner:
         check_shm_space(TrajectoryBuffers.nbytes(cfg, spec))
         self.buffers = TrajectoryBuffers(cfg, spec)
         self.weights = SharedWeights(model)
+        self.optimizer_state = SharedOptimizerState(model)
         self.hparams = SharedHyperParams(cfg)
         self.ctl = SharedControl()
         self.queues = Queues(cfg)
         self.queues.free_slot.put_many(list(range(cfg.num_slots)))
         self.procs: list = []       # multi-process mode
-        self.makes: dict = {}       # process name -> constructor, to restart a killed worker
-        self.worker_restarts = self.slots_reclaimed = 0
+        self.makes: dict = {}       # process name -> constructor, to restart a killed component
+        self.worker_restarts = 0
         self.reported: set = set()  # components that have reported at least once: up and running
         self.components: list = []  # serial mode
         self.started = False
         self._shutdown = mp_util.Finalize(self, shutdown_graph, exitpriority=10,
                                           args=(self.ctl, self.procs, self.components, self.queues))
+
+    @property
+    def slots_reclaimed(self) -> int:
+        """Trajectory slots taken back from dead rollout workers (by the learner)."""
+        return self.ctl[Ctl.SLOTS_RECLAIMED]
+
+    def locks(self) -> list:
+        """Every faster-fifo queue whose lock a dead process may hold (see ipc)."""
+        return [*self.queues.all(), self.weights.lock.token_queue]
 
     @property
     def alive(self) -> bool:
@@ -348,8 +362,9 @@ class Runner:
                                      device=self.device, weights=self.weights, **common))
                 for p in range(self.cfg.num_policy_workers)]
         out.append(("learner", Make(Learner, policy_spec=self.policy_spec, device=self.device,
-                                     weights=self.weights, hparams=self.hparams,
-                                    optimizer_path=self.optimizer_path, **common)))
+                                    weights=self.weights, optimizer_state=self.optimizer_state,
+                                    hparams=self.hparams, optimizer_path=self.optimizer_path,
+                                    **common)))
         return out
 
     def run(self, model: torch.nn.Module, version: int, start_env_steps: int,
@@ -447,7 +462,7 @@ class Runner:
                 self.procs.append(self._spawn(name))
             if ipc.supported() and hasattr(os, "pidfd_open"):
                 threading.Thread(target=watch_queue_locks, name="asyncrl-lock-watch", daemon=True,
-                                 args=(self.procs, self.queues.all(), self.ctl)).start()
+                                 args=(self.procs, self.locks(), self.weights, self.ctl)).start()
         while not self.ctl[Ctl.LEARNER_DONE]:
             self._drain_reports(raise_errors=True, timeout=LOOP_TIMEOUT)
             self._check_alive()
@@ -510,30 +525,57 @@ class Runner:
         for idx, p in enumerate(self.procs):
             if p.exitcode is None:
                 continue
-            ipc.release_locks_of_dead(p.pid, self.queues.all())  # before reading the reports
+            ipc.release_locks_of_dead(p.pid, self.locks())  # before reading the reports
+            self.weights.recover_from_death(p.pid)
             for _ in range(4):  # a traceback beats an exit code (one read may get part of a backlog)
                 self._drain_reports(raise_errors=True)
             how = f"exited unexpectedly with code {p.exitcode}" + (
                 f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
-            # Killed (a signal), or died after it was up: no error of its own, so restart it.
-            if p.name.startswith("rollout-") and (p.exitcode < 0 or p.name in self.reported):
+            # Killed (a signal), or died after it was up: no error of its own, so replace it.
+            if p.exitcode < 0 or p.name in self.reported:
                 if self.worker_restarts < self.cfg.max_worker_restarts:
-                    self._restart_rollout_worker(idx, how)
+                    self._replace(idx, how)
                     continue
-                how += (f"; {self.worker_restarts} rollout worker deaths were survived already "
+                how += (f"; {self.worker_restarts} component deaths were survived already "
                         f"(max_worker_restarts={self.cfg.max_worker_restarts})")
-            elif p.exitcode == 1 and p.name not in self.reported:
+            elif p.exitcode == 1:
                 how += ("; it never reported: if training starts from a script, keep that code "
                         "under `if __name__ == \"__main__\":` (workers are spawned and import the "
                         "script)")
             raise WorkerError(f"{p.name} (pid {p.pid}) {how}")
 
-    def _restart_rollout_worker(self, idx: int, how: str) -> None:
-        """A rollout worker died without an error of its own (SIGKILL, OOM killer, a segfault in
-        an env): policy workers drop its pending requests, its slots go back to the free queue,
-        a new process takes its place (new env seeds), and training goes on."""
+    def _replace(self, idx: int, how: str) -> None:
+        """A component died without an error of its own (SIGKILL, the OOM killer, a segfault
+        in an env): a new process takes its place and training goes on.
+
+        - A rollout worker: policy workers drop its pending requests, the learner takes its
+          slots back (see ``Learner._take_back_slots``), the new one draws new env seeds.
+        - A policy worker holds no state: rollout workers send their unanswered requests to
+          the new one.
+        - The learner: the new one goes on from the last published weights, their counters and
+          Adam's state after the update that made them, losing the update in flight (its slots
+          are resampled)."""
         dead = self.procs[idx]
-        worker_idx = int(dead.name.split("-")[1])
+        kind = dead.name.split("-")[0]
+        if kind == "rollout":
+            what = self._retire_rollout_worker(int(dead.name.split("-")[1]))
+        elif kind == "policy":
+            self.buffers.policy_incarnation[int(dead.name.split("-")[1])] += 1
+            what = "its unanswered requests are sent again"
+        else:
+            what = (f"it goes on from the weights of version {self.weights.version} and Adam's "
+                    "state after that update")
+        self.procs[idx] = self._spawn(dead.name)
+        self.worker_restarts += 1
+        self.logger.worker_restarts += 1
+        if self.cfg.verbose >= 1:
+            self.logger.write(f"[asyncrl] {dead.name} (pid {dead.pid}) {how}: restarted as pid "
+                              f"{self.procs[idx].pid}, {what} ({self.worker_restarts} of "
+                              f"max_worker_restarts={self.cfg.max_worker_restarts})")
+        dead.close()
+
+    def _retire_rollout_worker(self, worker_idx: int) -> str:
+        """Stop serving a dead rollout worker and let the learner take its slots back."""
         b = self.buffers
         ticks = b.policy_ticks.clone()
         b.incarnation[worker_idx] += 1
@@ -545,26 +587,16 @@ class Runner:
             if self.ctl.run_state()[1] and waited > 0.5:
                 break  # paused: an idle policy worker makes no passes (and serves nothing)
             if any(p.exitcode is not None for p in self.procs if p.name.startswith("policy-")):
-                break  # _check_alive names it next
+                break  # dead: serves nothing; _check_alive replaces it next
             if waited > self.cfg.worker_timeout:
                 raise WorkerError(f"a policy worker made no progress within worker_timeout="
-                                  f"{self.cfg.worker_timeout} s while {dead.name} was replaced")
+                                  f"{self.cfg.worker_timeout} s while rollout-{worker_idx} was "
+                                  "replaced")
             time.sleep(PAUSE_POLL)
-        slots = torch.nonzero(b.slot_owner == worker_idx).flatten()
-        b.slot_owner[slots] = -1
-        if len(slots):
-            self.queues.free_slot.put_many(slots.tolist())
-            self.queues.ring_all()
-        self.slots_reclaimed += len(slots)
-        self.procs[idx] = self._spawn(dead.name)
-        self.worker_restarts += 1
-        self.logger.worker_restarts += 1
-        if self.cfg.verbose >= 1:
-            self.logger.write(f"[asyncrl] {dead.name} (pid {dead.pid}) {how}: restarted as pid "
-                              f"{self.procs[idx].pid}, {len(slots)} trajectory slots reclaimed "
-                              f"({self.worker_restarts} of max_worker_restarts="
-                              f"{self.cfg.max_worker_restarts})")
-        dead.close()
+        b.claiming[worker_idx] = 0  # it died inside a claim: the learner's audit finds the slot
+        b.reclaimable[worker_idx] = b.incarnation[worker_idx]
+        self.ctl[Ctl.RECLAIM] += 1
+        return "its trajectory slots go back to the learner"
 
     def _drain_reports(self, raise_errors: bool, timeout: float = 0.0) -> list:
         """Hand queued reports to the logger (one get_many: reading until empty starved the main

@@ -16,7 +16,7 @@ def make_learner(**overrides):
     env = gym.make("CartPole-v1")
     queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None,
                             "ring_all": lambda: None})
-    learner = Learner(cfg, None, "cpu", buffers=None,
+    learner = Learner(cfg, None, "cpu", buffers=None, optimizer_state=None,
                       weights=None, hparams=None, ctl=None, queues=queues,
                       optimizer_path="/nonexistent")
     learner.model = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)

@@ -81,7 +81,7 @@ def make_learner(**overrides):
     env = gym.make("CartPole-v1")
     queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None,
                             "ring_all": lambda: None})
-    learner = Learner(cfg, None, "cpu", buffers=None, weights=None, hparams=None,
+    learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None, hparams=None,
                       ctl=SharedControl(), queues=queues, optimizer_path="/nonexistent")
     learner.model = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
     learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=1e-3)

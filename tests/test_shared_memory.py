@@ -74,7 +74,7 @@ def test_new_buffers_hold_sentinels():
     assert torch.isnan(b.rewards).all()
     assert (b.actions == -1).all() and (b.policy_versions == -1).all()
     assert not b.dones.any()
-    for t in [*b.tensors.values(), b.slot_owner, b.incarnation, b.policy_ticks]:
+    for t in [*b.tensors.values(), *b.bookkeeping()]:
         assert t.is_shared()
 
 
@@ -99,8 +99,7 @@ def test_spec_has_a_leaf_per_key_in_its_own_dtype_and_nbytes_counts_every_entry(
     b = TrajectoryBuffers(CFG, spec)
     assert set(b.tensors) == set(spec)
     assert TrajectoryBuffers.nbytes(CFG, spec) == sum(
-        t.numel() * t.element_size() for t in [*b.tensors.values(), b.slot_owner, b.incarnation,
-                                               b.policy_ticks])
+        t.numel() * t.element_size() for t in [*b.tensors.values(), *b.bookkeeping()])
 
 
 def test_trajectory_written_in_child_is_read_in_parent():

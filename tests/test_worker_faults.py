@@ -1,5 +1,6 @@
-"""Processes that die: a rollout worker killed with SIGKILL (even inside a queue operation) is
-replaced and training goes on; a dead learner or policy worker ends the run naming it."""
+"""Processes that die: a rollout worker, policy worker or learner killed with SIGKILL (even
+inside a queue operation) is replaced and training goes on; past max_worker_restarts the run
+ends naming it."""
 import functools
 import glob
 import os
@@ -13,7 +14,7 @@ import pytest
 
 import custom_envs
 from asyncrl import APPO, WorkerError, ipc
-from test_multiprocess import SMALL, worker_children
+from test_multiprocess import NUM_COMPONENTS, SMALL, worker_children
 
 KILLS = 5
 
@@ -108,10 +109,46 @@ def test_worker_killed_holding_a_queue_lock_does_not_hang_the_graph(tmp_path, qu
     assert worker_children() == []
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("victim", ["learner", "policy-0"])
+@pytest.mark.parametrize("algo", ["appo", "ppo"])
+def test_killed_learner_or_policy_worker_is_replaced_and_training_goes_on(victim, algo):
+    """A policy worker holds no state: its replacement answers the requests it left. A learner
+    is replaced from the last published weights and Adam's state after that update: training
+    goes on, its counters never go back, and the slots the dead one held are sampled again
+    (synchronous PPO, which has no spare slot, would starve otherwise)."""
+    state = {}
+    cfg = dict(SMALL, algo=algo, worker_timeout=30)
+    if algo == "ppo":  # one rollout of every env per update
+        cfg.update(batch_size=128, minibatch_size=64)
+    updates = 20
+
+    def kill_once_then_train_on(m):
+        if m.num_timesteps > 0 and "pid" not in state:
+            state["pid"] = children_named(victim)[0].pid
+            state["steps"], state["version"] = m.num_timesteps, m.policy_version
+            os.kill(state["pid"], signal.SIGKILL)
+        elif "pid" in state:
+            return False if m.num_timesteps >= state["steps"] + updates * cfg["batch_size"] else None
+
+    with APPO("CartPole-v1", **cfg) as model:
+        t0 = time.monotonic()
+        model.train(10 ** 8, callback=kill_once_then_train_on, callback_interval=0.1)
+        assert time.monotonic() - t0 < 30  # no wait for worker_timeout
+        assert model.logger.worker_restarts == 1
+        assert model.num_timesteps >= state["steps"] + updates * cfg["batch_size"]
+        assert model.policy_version >= state["version"] + updates
+        replacement = wait_for_child(victim)
+        assert replacement.pid != state["pid"]
+        assert len({c.pid for c in worker_children()}) == NUM_COMPONENTS
+        model.train(1024)  # the replaced graph pauses and resumes too
+    assert worker_children() == []
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("victim", ["learner", "policy-0"])
-def test_dead_learner_or_policy_worker_ends_the_run_naming_it(victim):
-    model = APPO("CartPole-v1", **SMALL)
+def test_with_no_restarts_allowed_a_dead_component_ends_the_run_naming_it(victim):
+    model = APPO("CartPole-v1", max_worker_restarts=0, **SMALL)
     state = {}
 
     def kill_once(m):
@@ -124,6 +161,7 @@ def test_dead_learner_or_policy_worker_ends_the_run_naming_it(victim):
         with pytest.raises(WorkerError) as error:
             model.train(10 ** 8, callback=kill_once, callback_interval=0.1)
         assert f"{victim} (pid {state['pid']}) exited unexpectedly" in str(error.value)
+        assert "max_worker_restarts=0" in str(error.value)
         assert model.num_timesteps >= state["steps"]  # the last published weights were kept
         assert worker_children() == []
         before = model.num_timesteps
