@@ -207,16 +207,52 @@ class APPO:
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = False,
                 action_masks=None) -> Tuple[Any, Any]:
         """Actions for one observation or a batch (``[N, *shape]``; ``Dict`` observations batched
-        per key), in the env's own format (NumPy, as SB3 returns them). ``state`` is returned as
-        given (no recurrent policies yet). ``action_masks``: ``[mask_size]`` or ``[N,
-        mask_size]``, True where legal (MaskablePPO's convention); with an env whose
-        observations carry the mask, it is taken from them."""
+        per key), in the env's own format (NumPy, as SB3 returns them), and the next recurrent
+        state. ``action_masks``: ``[mask_size]`` or ``[N, mask_size]``, True where legal
+        (MaskablePPO's convention); with an env whose observations carry the mask, it is taken
+        from them.
+
+        A recurrent model (``use_rnn``) is played as sb3-contrib's ``RecurrentPPO``: ``state``
+        is what the previous call returned (None at the start: zeros), ``episode_start`` ``[N]``
+        is True where an episode starts (that env's state is zeroed first), and the returned
+        state is an ``(h, c)`` tuple of ``[1, N, rnn_size]`` arrays for an LSTM, one such array
+        for a GRU. A feed-forward model returns ``state`` as given."""
         arrays, n, single = self.policy_spec.env.batch_obs(observation)
         obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
         mask = self._predict_mask(observation, action_masks, n)
-        actions, _, _ = self.policy.act(obs, mask, deterministic=deterministic)
+        core = self.policy.core
+        state_in = None if core is None else self._predict_state(state, episode_start, n)
+        actions, _, _, state_out = self.policy.act(obs, mask, deterministic=deterministic,
+                                                   state=state_in)
         env_actions = self.policy.dist.to_env(actions.numpy())
+        if core is not None:
+            parts = tuple(p.numpy()[None] for p in state_out.split(core.out_size, -1))
+            state = parts if core.lstm else parts[0]
         return (_as_numpy(env_actions[0]) if single else _stack_actions(env_actions)), state
+
+    def _predict_state(self, state, episode_start, n: int) -> torch.Tensor:
+        """sb3-contrib's recurrent state (see predict) -> [n, state_size], zeroed where
+        ``episode_start``."""
+        core = self.policy.core
+        size = core.out_size
+        if state is None:
+            out = torch.zeros(n, core.state_size)
+        else:
+            parts = state if core.lstm else (state,)
+            what = "an (h, c) tuple of [1, N, rnn_size] arrays (an LSTM)" if core.lstm else \
+                "a [1, N, rnn_size] array (a GRU)"
+            if (core.lstm and not (isinstance(state, tuple) and len(state) == 2)) or any(
+                    np.shape(p) != (1, n, size) for p in parts):
+                raise ValueError(f"state: expected {what} with N={n}, rnn_size={size}, as the "
+                                 "previous predict() returned, or None at the start")
+            out = torch.cat([torch.as_tensor(np.asarray(p, np.float32)).reshape(n, size)
+                             for p in parts], -1)
+        if episode_start is not None:
+            starts = np.asarray(episode_start, bool).reshape(-1)
+            if starts.size != n:
+                raise ValueError(f"episode_start has {starts.size} entries for {n} observation(s)")
+            out[torch.as_tensor(starts)] = 0.0
+        return out
 
     def _predict_mask(self, observation, action_masks, n: int) -> Optional[torch.Tensor]:
         size = self.policy.dist.mask_size
@@ -425,17 +461,20 @@ def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[in
     obs, info = env.reset(seed=seed)
     source = model.policy_spec.env.mask_source
     total, length = 0.0, 0
+    state, start = None, True  # a recurrent model's state, zeroed where episodes start
     while True:
         masks = read_mask(env, source, obs, info) if source in ("method", "info") else None
-        action, _ = model.predict(obs, deterministic=deterministic, action_masks=masks)
+        action, state = model.predict(obs, state=state, episode_start=np.array([start]),
+                                      deterministic=deterministic, action_masks=masks)
         obs, reward, terminated, truncated, info = env.step(action)
-        total, length = total + float(reward), length + 1
+        total, length, start = total + float(reward), length + 1, False
         if on_step is not None:
             on_step(env)
         if terminated or truncated:
             if info.get("game_over", True):
                 return total, length
-            obs, info = env.reset()  # a lost life: the game goes on
+            obs, info = env.reset()  # a lost life: the game goes on, as a new learning episode
+            start = True
 
 
 def _as_numpy(action: Any) -> Any:

@@ -34,11 +34,17 @@ _RECOVERY = threading.Lock()  # SharedWeights.recover_from_death, within the mai
 SENTINELS = {torch.float32: float("nan"), torch.int64: -1}  # unwritten step data shows
 
 
-def buffer_spec(env: EnvSpec, dist) -> Dict[str, Entry]:
+RNN_STATE = "rnn_state"  # a recurrent model's state per step: written by the policy worker
+
+
+def buffer_spec(env: EnvSpec, dist, state_size: int = 0) -> Dict[str, Entry]:
     """The one description of a trajectory slot: the observed leaves (and the action mask) from
-    the env spec, the actions from the distribution, then STEP_ENTRIES."""
+    the env spec, a recurrent model's state (``state_size`` floats: the state each step was
+    acted from; row T, the state after the last step, starts the next slot as observations
+    do), the actions from the distribution, then STEP_ENTRIES."""
     actions = Entry((dist.action_size,), torch.int64 if dist.discrete else torch.float32, False)
-    return {**env.obs_entries(), "actions": actions, **STEP_ENTRIES}
+    state = {RNN_STATE: Entry((state_size,), torch.float32, True)} if state_size else {}
+    return {**env.obs_entries(), **state, "actions": actions, **STEP_ENTRIES}
 
 
 class SlotState:

@@ -94,6 +94,13 @@ class Config:
                   '+ 512 units; images under 36 x 36, such as MiniGrid\'s 7 x 7, get two 3 x 3 '
                   'convolutions + 128 units) or "tiny" (every 8th pixel + 32 units: for throughput '
                   'tests, where inference and learning cost next to nothing).')
+    use_rnn: bool = _f(
+        False, "A recurrent core (rnn_type, rnn_size) between the encoders and the heads: memory "
+        "for partially observed envs. Hidden states live in the trajectory buffers; the learner "
+        "re-runs the core over whole trajectories from the state stored with their first step, "
+        "resetting it where an episode starts, so minibatch_size must be a multiple of rollout.")
+    rnn_type: str = _f("gru", 'The recurrent core: "gru" or "lstm" (stores 2 x rnn_size per env).')
+    rnn_size: int = _f(128, "Hidden units of the recurrent core.")
     normalize_obs: bool = _f(
         False, "Normalise float vector observations by running mean and std (clipped to +-10), "
         "inside the model: the statistics are buffers that travel with the weights (on by default "
@@ -230,6 +237,9 @@ class Config:
                      "normalize_obs", "normalize_returns"):
             check(isinstance(getattr(self, name), bool), name, "must be True or False")
         check(self.activation in ("tanh", "relu"), "activation", 'must be "tanh" or "relu"')
+        check(isinstance(self.use_rnn, bool), "use_rnn", "must be True or False")
+        check(self.rnn_type in ("gru", "lstm"), "rnn_type", 'must be "gru" or "lstm"')
+        check(is_int(self.rnn_size) and self.rnn_size >= 1, "rnn_size", "must be an integer >= 1")
         check(self.cnn in CNNS, "cnn", f"must be one of {CNNS}")
         check(self.on_env_error in ("restart", "abort"), "on_env_error", 'must be "restart" or "abort"')
         check(self.tensorboard_log is None or isinstance(self.tensorboard_log, str),
@@ -245,6 +255,13 @@ class Config:
         if self.batch_size % self.minibatch_size:
             errs.append(f"minibatch_size={self.minibatch_size} must divide "
                         f"batch_size={self.batch_size}")
+        if self.use_rnn and self.minibatch_size % self.rollout:
+            fit = max(1, round(self.minibatch_size / self.rollout)) * self.rollout
+            errs.append(
+                f"minibatch_size={self.minibatch_size}: with use_rnn every minibatch holds whole "
+                f"trajectories of rollout={self.rollout} steps, so it must be a multiple of "
+                f"rollout; try minibatch_size={fit}" + ("" if self.batch_size % fit == 0 else
+                                                        f" with a batch_size that it divides"))
         if self.algo == "impala" and self.num_epochs != 1:
             errs.append(f"num_epochs={self.num_epochs}: algo='impala' trains one epoch per batch; "
                         "use num_epochs=1 or algo='appo'")

@@ -41,6 +41,12 @@ class Batch(NamedTuple):
     policy_versions: torch.Tensor  # [T, B]
     values: Optional[torch.Tensor] = None       # [T, B] behaviour policy's V(x_t), when recorded
     action_mask: Optional[torch.Tensor] = None  # [T+1, B, mask_size], when the env masks
+    rnn_state: Optional[torch.Tensor] = None    # [T+1, B, state_size], a recurrent model's
+
+    def episode_starts(self) -> torch.Tensor:
+        """[T+1, B]: where the recurrent state is zeroed before the step, as the rollout worker
+        did (row 0's stored state already was)."""
+        return torch.cat([torch.zeros_like(self.dones[:1]), self.dones])
 
 
 def make_batch(tensors: Dict[str, torch.Tensor]) -> Batch:
@@ -73,11 +79,6 @@ class BatchGatherer:
 
 def index_obs(obs: Dict[str, torch.Tensor], idx) -> Dict[str, torch.Tensor]:
     return {k: v[idx] for k, v in obs.items()}
-
-
-def split_obs(obs: Dict[str, torch.Tensor], size: int) -> List[Dict[str, torch.Tensor]]:
-    keys = list(obs)
-    return [dict(zip(keys, parts)) for parts in zip(*(obs[k].split(size) for k in keys))]
 
 
 def rng_path(optimizer_path: str) -> str:
@@ -350,21 +351,25 @@ class Learner:
             # Every sample was drawn by these very weights (synchronous PPO: always): the policy
             # worker's log-probabilities and values are this model's, so only the bootstrap
             # values V(x_T) are computed; a forward pass over the batch saved (~6% of a Nature
-            # CNN update).
+            # CNN update). Exact for a recurrent model too: the stored state after the last
+            # step is the one these weights computed.
             log_probs = batch.log_probs
             last = index_obs(obs, slice(T * B, None))
-            values = torch.cat([batch.values, self.model(last, prepared=True)[1].view(1, B)])
+            state = None if batch.rnn_state is None else batch.rnn_state[T]
+            values = torch.cat([batch.values, self.model(last, prepared=True, state=state)[1].view(1, B)])
         else:
             actions = batch.actions.flatten(0, 1)
             actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
             # In minibatch-sized chunks: activations of the whole batch at once would be fresh
             # mappings (> 32 MiB for a Nature CNN on 1024 frames), page-faulted on every update.
-            n = cfg.minibatch_size
-            masks = mask.split(n) if mask is not None else [None] * len(actions.split(n))
-            outs = [self.model.evaluate(o, a, m) for o, a, m in zip(
-                split_obs(obs, n), actions.split(n), masks)]
-            log_probs, values = torch.cat([o[0] for o in outs]), torch.cat([o[2] for o in outs])
-            log_probs, values = log_probs.view(T + 1, B)[:T], values.view(T + 1, B)
+            # A recurrent model's chunks are whole trajectories, run from their stored state.
+            log_probs = torch.empty(T + 1, B, device=self.device)
+            values = torch.empty(T + 1, B, device=self.device)
+            for idx, rec in self._chunks(batch, T + 1):
+                lp, _, v = self.model.evaluate(index_obs(obs, idx), actions[idx],
+                                               None if mask is None else mask[idx], **rec)
+                log_probs.view(-1)[idx], values.view(-1)[idx] = lp, v
+            log_probs = log_probs[:T]
         rewards = batch.rewards
         if cfg.reward_clip is not None:  # logged returns stay raw: the workers sum raw rewards
             rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
@@ -401,8 +406,9 @@ class Learner:
         # The ratio's reference: the learner's policy now (the lag is in V-trace's weight), or
         # the policy that sampled.
         ratio_ref = (old_log_probs if cfg.decoupled_clip else batch.log_probs).flatten()
-        stats = self._epochs(steps, batch.actions.flatten(0, 1), None if mask is None else mask[:T * B],
-                             ratio_ref, advantages, old_values, returns, keep)
+        stats = self._epochs(batch, steps, batch.actions.flatten(0, 1),
+                             None if mask is None else mask[:T * B], ratio_ref, advantages,
+                             old_values, returns, keep)
         if stats is None:
             return None
         valid_lag = lag[valid]
@@ -412,10 +418,34 @@ class Learner:
         stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
         return stats
 
-    def _epochs(self, obs, actions, mask, ratio_ref, advantages, old_values, returns,
+    def _chunks(self, batch: Batch, rows: int, order: Optional[torch.Tensor] = None):
+        """(flat time-major indices, recurrent arguments) of minibatch-sized parts of the first
+        ``rows`` steps of ``batch``: samples for a feed-forward model, whole trajectories
+        (columns, run from their stored state) for a recurrent one; ``order`` permutes the
+        samples (the columns), None keeps them in place (contiguous slices, no copies)."""
+        T, B = batch.rewards.shape
+        n = self.cfg.minibatch_size
+        if batch.rnn_state is None:
+            if order is None:
+                for i in range(0, rows * B, n):
+                    yield slice(i, i + n), {}
+            else:
+                for idx in order.split(n):
+                    yield idx.to(self.device), {}
+            return
+        starts = batch.episode_starts()[:rows]
+        order = torch.arange(B) if order is None else order
+        for cols in order.split(max(1, n // T)):
+            cols = cols.to(self.device)
+            idx = (torch.arange(rows, device=self.device)[:, None] * B + cols).flatten()
+            yield idx, dict(state=batch.rnn_state[0, cols], starts=starts[:, cols])
+
+    def _epochs(self, batch, obs, actions, mask, ratio_ref, advantages, old_values, returns,
                 keep) -> Optional[dict]:
-        """num_epochs passes of shuffled minibatches over the batch's [T*B] samples; masked
-        (stale or restarted) samples take part in no loss and no advantage normalisation."""
+        """num_epochs passes of shuffled minibatches over the batch's [T*B] samples (whole
+        trajectories for a recurrent model); masked (stale or restarted) samples take part in
+        no loss and no advantage normalisation."""
+        T, B = batch.rewards.shape
         cfg = self.cfg
         n = advantages.shape[0]
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
@@ -423,13 +453,14 @@ class Learner:
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         for _ in range(cfg.num_epochs):
             # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
-            for mb in torch.randperm(n).to(self.device).split(cfg.minibatch_size):
+            order = torch.randperm(n if batch.rnn_state is None else B)
+            for mb, rec in self._chunks(batch, T, order):
                 if self.ctl.stopping:
                     return None
                 out = self._minibatch_step(index_obs(obs, mb), actions[mb],
                                            None if mask is None else mask[mb], ratio_ref[mb],
                                            advantages[mb], old_values[mb], returns[mb], weight[mb],
-                                           clip_coef)
+                                           clip_coef, rec)
                 if out is None:
                     skipped += 1
                     continue
@@ -439,7 +470,7 @@ class Learner:
         return stats
 
     def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
-                        returns, weight, clip_coef) -> Optional[torch.Tensor]:
+                        returns, weight, clip_coef, rec: dict) -> Optional[torch.Tensor]:
         """One gradient step; returns the MINIBATCH_STATS values as one tensor, or None when the
         loss or a gradient was not finite (the step is skipped: the weights stay finite).
         ``weight``: 1 for samples trained on, 0 for masked ones."""
@@ -448,7 +479,7 @@ class Learner:
             mean = masked_mean(advantages, weight)
             std = masked_mean((advantages - mean) ** 2, weight).mul(weight.sum() / (weight.sum() - 1)).sqrt()
             advantages = (advantages - mean) / (std + 1e-8)
-        new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask)
+        new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)
         out = ppo_loss(new_log_probs, ratio_ref, advantages, self.model.normalize_values(new_values),
                        old_values, returns, entropy, clip_coef=clip_coef,
                        vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,

@@ -60,6 +60,12 @@ class ActorCritic(nn.Module):
         custom = spec.policy is not None or "features_extractor_class" in kw
         self.sb3 = custom  # SB3's preprocessing for code written for SB3
         ortho = kw.get("ortho_init", True)
+        self.core: Optional[RecurrentCore] = None
+        if cfg.use_rnn and (spec.policy is not None or kw.get("share_features_extractor") is False):
+            raise ConfigError(
+                "use_rnn puts the recurrent core between the shared features and the heads: it "
+                "cannot wrap a whole custom policy= network nor separate value features "
+                "(share_features_extractor=False); give a features_extractor_class instead")
         if spec.policy is not None:
             self.net = spec.policy(sb3_observation_space(env), env.action_space,
                                    self.dist.param_size, **kw)
@@ -70,6 +76,9 @@ class ActorCritic(nn.Module):
         self.vf_encoders = None if kw.get("share_features_extractor", True) else \
             self._extractor(env, cfg, kw, ortho)
         features = self._features_dim(self.encoders)
+        if cfg.use_rnn:
+            self.core = RecurrentCore(cfg.rnn_type, features, cfg.rnn_size)
+            features = self.core.out_size
         images_only = all(is_image(s) for s in self.spaces) and "features_extractor_class" not in kw
         pi_arch, vf_arch = parse_net_arch(kw.get("net_arch", [] if images_only else list(cfg.hidden_sizes)))
         self.pi_net, self.vf_net = mlp(features, pi_arch, act, ortho), mlp(features, vf_arch, act, ortho)
@@ -115,8 +124,20 @@ class ActorCritic(nn.Module):
                 out[key] = preprocess_leaf(space, obs[key], self.sb3)
         return out
 
-    def forward(self, obs: Dict[str, torch.Tensor], prepared: bool = False):
-        """obs {key: [N, ...]} (or a tensor, for a bare space) -> (dist params [N, P], values [N])."""
+    @property
+    def state_size(self) -> int:
+        """Floats of recurrent state per env (0: feed-forward)."""
+        return 0 if self.core is None else self.core.state_size
+
+    def forward(self, obs: Dict[str, torch.Tensor], prepared: bool = False,
+                state: Optional[torch.Tensor] = None, starts: Optional[torch.Tensor] = None):
+        """obs {key: [N, ...]} (or a tensor, for a bare space) -> (dist params [N, P], values [N]).
+
+        A recurrent model takes ``state`` and also returns the next one: one step, ``state``
+        [N, state_size] (zeroed by the caller where an episode starts); or with ``starts``
+        [T, B] (True where an episode starts: the state is zeroed before that step), whole
+        trajectories: obs time-major [T * B, ...] from ``state`` [B, state_size] at their first
+        step, returning the state after the last."""
         if torch.is_tensor(obs):
             obs = {"obs": obs}
         x = obs if prepared else self.prepare(obs)
@@ -128,12 +149,16 @@ class ActorCritic(nn.Module):
             params, values = self.net(x["obs"] if self.bare else x)
         else:
             pi_feat = self._features(self.encoders, x)
+            if self.core is not None:
+                if state is None:
+                    raise ValueError("a recurrent model needs its state (zeros at an episode's start)")
+                pi_feat, state = self.core(pi_feat, state, starts)
             vf_feat = pi_feat if self.vf_encoders is None else self._features(self.vf_encoders, x)
             params = self.action_head(self.pi_net(pi_feat))
             values = self.value_head(self.vf_net(vf_feat)).squeeze(-1)
         if self.value_norm is not None:
             values = self.value_norm.denormalize(values)
-        return params, values
+        return (params, values) if self.core is None else (params, values, state)
 
     def _features(self, encoders: nn.Module, x: Dict[str, torch.Tensor]) -> torch.Tensor:
         if isinstance(encoders, nn.ModuleList):
@@ -143,16 +168,19 @@ class ActorCritic(nn.Module):
 
     @torch.no_grad()
     def act(self, obs: Dict[str, torch.Tensor], mask: Optional[torch.Tensor] = None,
-            deterministic: bool = False):
-        """(actions [N, action_size], log_probs [N], values [N])."""
-        params, values = self(obs)
+            deterministic: bool = False, state: Optional[torch.Tensor] = None):
+        """(actions [N, action_size], log_probs [N], values [N], next state [N, state_size] or
+        None) for one step."""
+        params, values, *next_state = self(obs, state=state)
         actions, log_probs = self.dist.sample(params, mask, deterministic)
-        return actions, log_probs, values
+        return actions, log_probs, values, (next_state[0] if next_state else None)
 
     def evaluate(self, obs: Dict[str, torch.Tensor], actions: torch.Tensor,
-                 mask: Optional[torch.Tensor] = None, prepared: bool = True):
-        """(log_probs [N], entropy [N], values [N]) of stored ``actions``, with grad."""
-        params, values = self(obs, prepared=prepared)
+                 mask: Optional[torch.Tensor] = None, prepared: bool = True,
+                 state: Optional[torch.Tensor] = None, starts: Optional[torch.Tensor] = None):
+        """(log_probs [N], entropy [N], values [N]) of stored ``actions``, with grad (a recurrent
+        model: whole trajectories, see ``forward``)."""
+        params, values, *_ = self(obs, prepared=prepared, state=state, starts=starts)
         log_probs, entropy = self.dist.log_prob_entropy(params, actions, mask)
         return log_probs, entropy, values
 
@@ -176,6 +204,7 @@ class ActorCritic(nn.Module):
         fused into one block-diagonal MLP (half the matmuls, no module calls). Rebuild it after
         the weights change. Other models return ``forward`` itself."""
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
+                   and self.core is None
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
                    and len(self.pi_net) == len(self.vf_net) and self.act_fn in (nn.Tanh, nn.ReLU))
         if not fusable:
@@ -202,6 +231,43 @@ class ActorCritic(nn.Module):
             values = out[:, p]
             return out[:, :p], values if value_norm is None else value_norm.denormalize(values)
         return forward
+
+
+class RecurrentCore(nn.Module):
+    """A GRU or LSTM cell between the features and the heads. Its state per env is one vector
+    (an LSTM's h and c side by side), so that it fits one buffer entry."""
+
+    def __init__(self, kind: str, in_size: int, size: int):
+        super().__init__()
+        self.lstm = kind == "lstm"
+        self.cell = (nn.LSTMCell if self.lstm else nn.GRUCell)(in_size, size)
+        self.out_size, self.state_size = size, 2 * size if self.lstm else size
+        for name, p in self.cell.named_parameters():  # CleanRL's ppo_atari_lstm init
+            if "weight" in name:
+                nn.init.orthogonal_(p, 1.0)
+            else:
+                nn.init.zeros_(p)
+
+    def step(self, x: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.lstm:
+            h, c = self.cell(x, tuple(state.chunk(2, -1)))
+            return h, torch.cat([h, c], -1)
+        h = self.cell(x, state)
+        return h, h
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor,
+                starts: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One step (``starts`` None: x [N, F]) or trajectories (x [T * B, F] time-major, starts
+        [T, B]): (outputs [N, size], state after the last step)."""
+        if starts is None:
+            return self.step(x, state)
+        T, B = starts.shape
+        x, keep = x.view(T, B, -1), (~starts).unsqueeze(-1).to(x.dtype)
+        outs = []
+        for t in range(T):
+            out, state = self.step(x[t], state * keep[t])
+            outs.append(out)
+        return torch.cat(outs), state
 
 
 def sb3_observation_space(env: EnvSpec) -> gym.Space:
@@ -265,7 +331,8 @@ def build_checked(spec: PolicySpec, cfg: Config) -> ActorCritic:
     obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
     try:
         with torch.no_grad():
-            params, values = model(obs)
+            state = torch.zeros(n, model.state_size) if model.core is not None else None
+            params, values, *_ = model(obs, state=state)
     except Exception as e:
         what = ("features_extractor_class" if "features_extractor_class" in (spec.policy_kwargs or {})
                 else "policy" if spec.policy is not None else "the model")

@@ -12,7 +12,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from .buffers import SharedControl, SharedWeights, TrajectoryBuffers
+from .buffers import RNN_STATE, SharedControl, SharedWeights, TrajectoryBuffers
 from .config import Config
 from .messages import Report, ReportKind
 from .models import ActorCritic, PolicySpec
@@ -58,6 +58,7 @@ class PolicyWorker:
             self.observed[name] = (src.reshape(S * T1, E, *src.shape[3:]), staging, staging.numpy())
         self.actions_np, self.log_probs_np = arrays["actions"], arrays["log_probs"]
         self.values_np, self.versions_np = arrays["values"], arrays["policy_versions"]
+        self.state_np = arrays.get(RNN_STATE)
         self.version, _ = self.weights.load(self.model)
         self.forward = self.model.fused_forward()
         self.last_report = time.perf_counter()
@@ -128,9 +129,13 @@ class PolicyWorker:
             inputs[name] = x
         obs, rest = split_obs_names(inputs)
         mask = rest.get(MASK_KEY)
-        params, values = self.forward(obs)
-        actions, log_probs = self.model.dist.sample(params, mask)
         shape = (num_requests, -1)
+        if self.state_np is None:
+            params, values = self.forward(obs)
+        else:  # the state this step acts from (zeroed where an episode started) -> the next
+            params, values, state = self.forward(obs, state=rest[RNN_STATE])
+            self.state_np[slot_idx, t_idx + 1] = state.cpu().numpy().reshape(*shape, state.shape[-1])
+        actions, log_probs = self.model.dist.sample(params, mask)
         self.actions_np[slot_idx, t_idx] = actions.cpu().numpy().reshape(*shape, actions.shape[-1])
         self.log_probs_np[slot_idx, t_idx] = log_probs.cpu().numpy().reshape(shape)
         self.values_np[slot_idx, t_idx] = values.cpu().numpy().reshape(shape)

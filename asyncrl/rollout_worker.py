@@ -13,12 +13,12 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .buffers import Ctl, SharedControl, SlotState, TrajectoryBuffers
+from .buffers import RNN_STATE, Ctl, SharedControl, SlotState, TrajectoryBuffers
 from .config import Config
 from .distributions import make_distribution, mask_sizes
 from .ipc import SLOTS_FREED
 from .messages import PolicyRequest, Report, ReportKind
-from .spaces import MASK_KEY, EnvSpec, ObsWriter, read_mask
+from .spaces import MASK_KEY, OBS_PREFIX, EnvSpec, ObsWriter, read_mask
 from .timing import StageTimer
 
 REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
@@ -67,7 +67,9 @@ class RolloutWorker:
                                f"{e}); define it in a module the worker processes can import") from e
         arrays = b.numpy()
         self.observed = {name: arrays[name] for name in b.obs_names()}  # [S, T+1, E, ...]
-        self.float_obs = [name for name, a in self.observed.items() if a.dtype.kind == "f"]
+        self.float_obs = [name for name, a in self.observed.items()
+                          if a.dtype.kind == "f" and name.startswith(OBS_PREFIX)]
+        self.state_np = arrays.get(RNN_STATE)  # a recurrent model's: zeroed where episodes start
         self.actions_np, self.rewards_np = arrays["actions"], arrays["rewards"]
         self.dones_np, self.truncated_np = arrays["dones"], arrays["truncated"]
         self.versions_np = arrays["policy_versions"]
@@ -174,6 +176,8 @@ class RolloutWorker:
                 rewards_out[i] = reward
                 dones_out[i] = done
                 truncated_out[i] = truncated and not terminated
+        if self.state_np is not None and dones_out.any():  # also after an env restart
+            self.state_np[slot, t + 1][dones_out] = 0
         self._check_finite(rewards_out, obs_out, group_idx)
         self._check_masks(obs_out, group_idx)
         self.steps_since_report += len(group.envs)

@@ -317,7 +317,7 @@ class Runner:
         self.policy_spec = policy_spec
         self.optimizer_path, self.logger = optimizer_path, logger
         self.version = self.trained_env_steps = None  # set by run()
-        spec = buffer_spec(policy_spec.env, model.dist)
+        spec = buffer_spec(policy_spec.env, model.dist, model.state_size)
         check_shm_space(TrajectoryBuffers.nbytes(cfg, spec))
         self.buffers = TrajectoryBuffers(cfg, spec)
         self.weights = SharedWeights(model)

@@ -313,3 +313,45 @@ class SmallImageEnv(ChannelLastImageEnv):
 
 def small_image_env():
     return SmallImageEnv()
+
+
+class RepeatFirstEnv(gym.Env):
+    """A memory task: the first observation shows a cue (one of two), the next ``delay`` show
+    nothing, the last asks for it: +1 for the cue's action, -1 otherwise (0 on the other steps).
+    A feed-forward policy scores 0 on average, a recurrent one can reach 1."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)  # cue one-hot, query flag
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, delay: int = 2, fail_every: int = 0):
+        self.delay, self.fail_every, self.steps = delay, fail_every, 0
+
+    def _obs(self):
+        obs = np.zeros(3, np.float32)
+        if self.t == 0:
+            obs[self.cue] = 1.0
+        if self.t == self.delay + 1:
+            obs[2] = 1.0
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cue, self.t = int(self.np_random.integers(2)), 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.steps += 1
+        if self.fail_every and self.steps % self.fail_every == 0:
+            raise RuntimeError("RepeatFirstEnv: injected failure")
+        last = self.t == self.delay + 1
+        reward = (1.0 if int(action) == self.cue else -1.0) if last else 0.0
+        self.t += 1
+        return self._obs(), reward, last, False, {}
+
+
+def repeat_first_env():
+    return RepeatFirstEnv()
+
+
+def repeat_first_failing_env():
+    return RepeatFirstEnv(fail_every=37)
