@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import pickle
 from typing import Callable, Union
 
@@ -30,11 +31,18 @@ def make_env_factory(env: Union[str, Callable[[], gym.Env]], env_kwargs: dict = 
     """Check ``env`` in the main process and return a factory every worker can unpickle."""
     if isinstance(env, str):
         from asyncrl.envs import env_ids
+        module, _, env_id = env.rpartition(":")  # Gymnasium's "module:EnvId": import, then make
+        if module:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise ConfigError(f"env {env!r}: module {module!r} (imported to register the id) "
+                                  f"could not be imported ({e}); pip install it") from e
         ids = env_ids()
-        if env not in ids:
-            close = difflib.get_close_matches(env, ids, n=3)
+        if env_id not in ids:
+            close = difflib.get_close_matches(env_id, ids, n=3)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ConfigError(f"env {env!r} is not a registered Gymnasium id.{hint} Pass a "
+            raise ConfigError(f"env {env_id!r} is not a registered Gymnasium id.{hint} Pass a "
                               "registered id or a picklable zero-argument function returning an env.")
         return GymIdFactory(env, env_kwargs or {})
     if isinstance(env, gym.Env):

@@ -100,7 +100,7 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
     return {"env": env_cost, "inference": inference_cost, "learning": learn_cost}
 
 
-def sample_factory_fps(seconds: float, warmup: float) -> float:
+def sample_factory_fps(seconds: float, warmup: float, extra: tuple = ()) -> float:
     """Frames per second of SF's Atari preset in steady state, as asyncrl's rows are measured:
     SF runs for warmup + seconds, and the rate is taken from its logged frame counter after the
     warm-up. SF trains synchronously and counts frames a whole batch (8,192) at a time, so the
@@ -108,8 +108,8 @@ def sample_factory_fps(seconds: float, warmup: float) -> float:
     the last such reading (its log has one every 5 s). Its own "60 sec" figure over a 60 s run
     would include its ~30 s start-up (here 430 against 655-690 frames/s in steady state)."""
     shm_before = set(os.listdir("/dev/shm"))
-    out = subprocess.run(["bash", SF_RUN, str(int(warmup + seconds)), "pong"], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(["bash", SF_RUN, str(int(warmup + seconds)), "pong", *extra],
+                         capture_output=True, text=True).stdout
     # run.sh SIGKILLs SF's process group, so its multiprocessing semaphores are never unlinked
     for name in set(os.listdir("/dev/shm")) - shm_before:
         if name.startswith("sem.mp-"):
@@ -149,6 +149,9 @@ def main() -> None:
     ap.add_argument("--nice", type=int, default=None,
                     help="also 2x8 asynchronous with sampler_nice=N")
     ap.add_argument("--sf", action="store_true", help="run Sample Factory beside (needs its venv)")
+    ap.add_argument("--rnn", action="store_true",
+                    help="also the defaults with a GRU core of 512 (Sample Factory's rnn_size), and "
+                    "with --sf Sample Factory's preset with --use_rnn=True")
     ap.add_argument("--json", default="atari_throughput.json")
     ap.add_argument("--png", default="atari_throughput.png")
     args = ap.parse_args()
@@ -174,10 +177,14 @@ def main() -> None:
         variants[tiny_name] = tiny_kwargs
     if args.asynchronous and cfg.algo != "appo":
         variants["2x8 asynchronous (algo=appo)"] = dict(algo="appo", **SF_LAYOUT)
+    rnn_name = f"{defaults_name} + GRU 512 (use_rnn=True)"
+    if args.rnn:
+        variants[rnn_name] = dict(use_rnn=True, rnn_size=512)
     if args.nice is not None:
         variants[f"2x8 asynchronous, sampler_nice={args.nice}"] = dict(
             algo="appo", sampler_nice=args.nice, **SF_LAYOUT)
-    res = {"raw": [], "costs": [], "costs_tiny": [], "asyncrl": {k: [] for k in variants}, "sf": []}
+    res = {"raw": [], "costs": [], "costs_tiny": [], "asyncrl": {k: [] for k in variants}, "sf": [],
+           "sf_rnn": []}
     # Each ratio is taken within a repeat, its two figures measured next to each other (the
     # costs just before the defaults row, the raw rate just before the tiny row): a shared
     # machine's speed drifts by 10-20% over minutes, more than between adjacent measurements.
@@ -195,6 +202,8 @@ def main() -> None:
                                                 device="cpu", seed=r, **variants[k]))
         if args.sf:
             res["sf"].append(sample_factory_fps(args.seconds, args.warmup))
+        if args.sf and args.rnn:
+            res["sf_rnn"].append(sample_factory_fps(args.seconds, args.warmup, ("--use_rnn=True",)))
         print(f"repeat {r}: {json.dumps({k: v[-1] if isinstance(v, list) else {kk: vv[-1]['fps'] for kk, vv in v.items()} for k, v in res.items() if v}, default=str)}", flush=True)
 
     med = statistics.median
@@ -214,6 +223,15 @@ def main() -> None:
     sf = med(res["sf"]) / FRAME_SKIP if res["sf"] else None
     if sf:
         rows.append(("Sample Factory 2.1.1, Atari preset, 2x8", sf))
+    sf_rnn = med(res["sf_rnn"]) / FRAME_SKIP if res["sf_rnn"] else None
+    if sf_rnn:
+        rows.append(("Sample Factory 2.1.1, Atari preset + GRU 512 (--use_rnn=True), 2x8", sf_rnn))
+    if args.rnn:
+        per_repeat["GRU/none"] = [x["fps"] / y["fps"] for x, y in
+                                  zip(res["asyncrl"][rnn_name], res["asyncrl"][defaults_name])]
+        if res["sf_rnn"]:
+            per_repeat["asyncrl GRU/SF GRU"] = [x["fps"] * FRAME_SKIP / y for x, y in
+                                                zip(res["asyncrl"][rnn_name], res["sf_rnn"])]
     print(f"\n| {args.env} | env steps/s | frames/s (x{FRAME_SKIP}) |\n|---|---|---|")
     for name, v in rows:
         print(f"| {name} | {v:,.0f} | {v * FRAME_SKIP:,.0f} |")

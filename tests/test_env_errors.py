@@ -4,7 +4,7 @@ import gymnasium as gym
 import pytest
 
 import custom_envs
-from asyncrl import APPO, WorkerError
+from asyncrl import APPO, ConfigError, WorkerError
 from asyncrl.appo import play_episode
 from test_multiprocess import SMALL, worker_children
 
@@ -49,3 +49,16 @@ def test_crashing_cartpole_still_learns():
         env = gym.make("CartPole-v1")
         returns = [play_episode(model, env, deterministic=True, seed=s)[0] for s in range(10)]
         assert sum(returns) / len(returns) >= 400, returns
+
+
+def test_gymnasium_module_colon_id_imports_the_module_first():
+    """Gymnasium's "module:EnvId" (e.g. "popgym:popgym-RepeatPreviousEasy-v0"): the module is
+    imported to register the id, in the main process and (through gym.make) in every worker."""
+    from asyncrl.env_utils import make_env_factory
+    env = make_env_factory("gymnasium.envs.classic_control:CartPole-v1")()
+    assert env.spec.id == "CartPole-v1"
+    env.close()
+    with pytest.raises(ConfigError, match="module 'no_such_module_xyz'.*pip install"):
+        make_env_factory("no_such_module_xyz:Thing-v0")
+    with pytest.raises(ConfigError, match="'CartPol-v1' is not a registered Gymnasium id"):
+        make_env_factory("gymnasium.envs.classic_control:CartPol-v1")
