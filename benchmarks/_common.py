@@ -113,3 +113,15 @@ def steady_fps(env: str, warmup: float, seconds: float = None, steps: int = None
            if len(window) > 2 else float("nan"))
     return {"fps": fps, "cpu_per_process": sampler.cpu, "peak_pss_gib": sampler.peak_pss / 2 ** 30,
             "policy_lag_mean": stats.get("policy_lag_mean"), "timings": timings}
+
+
+def pyplot():
+    """matplotlib's pyplot (headless), or None with a hint when it is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no PNG (pip install 'asyncrl[bench]')")
+        return None
+    return plt

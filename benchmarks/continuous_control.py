@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import time
 
-from _common import steady_fps
+from _common import pyplot, steady_fps
 
 from asyncrl import APPO
 
@@ -114,12 +114,8 @@ def learn(args) -> None:
 
 
 def plot(result: dict, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no PNG (pip install 'asyncrl[bench]')")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (("curve", "asyncrl (defaults)"), ("sf_curve", "Sample Factory 2.1.1 (its MuJoCo example)")):

@@ -23,6 +23,8 @@ import time
 import gymnasium as gym
 import numpy as np
 
+from _common import pyplot
+
 from asyncrl import APPO
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,12 +80,8 @@ def run(task: str, use_rnn: bool, seed: int) -> dict:
 
 
 def plot(runs: list, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no PNG (pip install 'asyncrl[bench]')")
+    plt = pyplot()
+    if plt is None:
         return
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
@@ -101,6 +99,16 @@ def plot(runs: list, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def write(runs: list, out: str) -> None:
+    with open(out + ".json", "w") as f:
+        json.dump({"settings": SETTINGS, "date": time.strftime("%Y-%m-%d"), "runs": runs}, f, indent=1)
+    with open(out + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "use_rnn", "seed", "env_steps", "seconds", "ep_rew_mean"])
+        for r in runs:
+            w.writerows((r["task"], r["use_rnn"], r["seed"], *row) for row in r["curve"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", default=",".join(TASKS))
@@ -111,15 +119,13 @@ def main() -> None:
     for t in tasks:
         if t not in TASKS:
             ap.error(f"--tasks: unknown task {t!r}; choose from {list(TASKS)}")
-    runs = [run(t, rnn, seed) for t in tasks for seed in range(args.seeds) for rnn in (False, True)]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump({"settings": SETTINGS, "date": time.strftime("%Y-%m-%d"), "runs": runs}, f, indent=1)
-    with open(args.out + ".csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["task", "use_rnn", "seed", "env_steps", "seconds", "ep_rew_mean"])
-        for r in runs:
-            w.writerows((r["task"], r["use_rnn"], r["seed"], *row) for row in r["curve"])
+    runs = []
+    for t in tasks:
+        for seed in range(args.seeds):
+            for rnn in (False, True):
+                runs.append(run(t, rnn, seed))
+                write(runs, args.out)  # after every run: a long sweep keeps what it measured
     plot(runs, args.out + ".png")
     print(f"\n| task | feed-forward greedy | GRU greedy |\n|---|---|---|")
     for t in tasks:
