@@ -79,7 +79,7 @@ def per_step_costs(env_id: str, cfg: Config) -> dict:
     no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None,
                                     "ring_all": lambda: None})
     ctl = SharedControl()
-    learner = Learner(cfg, None, "cpu", buffers=None, weights=None,
+    learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None,
                       hparams=None, ctl=ctl, queues=no_queues, optimizer_path="/nonexistent",
                       serial=True)
     learner.model = model
