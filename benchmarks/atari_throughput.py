@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--sf", action="store_true", help="run Sample Factory beside (needs its venv)")
     ap.add_argument("--rnn", action="store_true",
                     help="also the defaults with a GRU core of 512 (Sample Factory's rnn_size), and "
-                    "with --sf Sample Factory's preset with --use_rnn=True")
+                    "with --sf Sample Factory's preset with --use_rnn=True --recurrence=128")
     ap.add_argument("--json", default="atari_throughput.json")
     ap.add_argument("--png", default="atari_throughput.png")
     args = ap.parse_args()
@@ -203,7 +203,10 @@ def main() -> None:
         if args.sf:
             res["sf"].append(sample_factory_fps(args.seconds, args.warmup))
         if args.sf and args.rnn:
-            res["sf_rnn"].append(sample_factory_fps(args.seconds, args.warmup, ("--use_rnn=True",)))
+            # SF's Atari preset trains with recurrence=1, which it refuses with an RNN: BPTT over
+            # its whole rollout (128), as it recommends
+            res["sf_rnn"].append(sample_factory_fps(args.seconds, args.warmup,
+                                                    ("--use_rnn=True", "--recurrence=128")))
         print(f"repeat {r}: {json.dumps({k: v[-1] if isinstance(v, list) else {kk: vv[-1]['fps'] for kk, vv in v.items()} for k, v in res.items() if v}, default=str)}", flush=True)
 
     med = statistics.median
