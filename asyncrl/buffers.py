@@ -30,7 +30,6 @@ STEP_ENTRIES = {  # what every trajectory records per step, whatever the spaces
     "truncated": Entry((), torch.bool, False),   # time-limit ends among them
     "policy_versions": Entry((), torch.int64, False),
 }
-_RECOVERY = threading.Lock()  # SharedWeights.recover_from_death, within the main process
 SENTINELS = {torch.float32: float("nan"), torch.int64: -1}  # unwritten step data shows
 
 
@@ -269,21 +268,19 @@ class SharedOptimizerState:
                 break
         else:
             return False
-        params, flat, offset = self._params(optimizer), self.flat[copy].clone(), 0
-        moments = {}
-        for key in ("exp_avg", "exp_avg_sq"):
-            for p in params:
-                moments[(key, p)] = flat[offset:offset + p.numel()].view(p.shape)
-                offset += p.numel()
-        if int(self.tags[copy, 0]) != version:  # rewritten while copied (cannot happen once the
-            return False                        # writer is dead; cheap to check)
+        params, flat = self._params(optimizer), self.flat[copy].clone()
+        sizes = [p.numel() for p in params]
+        exp_avg, exp_avg_sq, steps = flat.split([sum(sizes), sum(sizes), len(params)])
         state_dict = optimizer.state_dict()
-        state_dict["state"] = {i: {"step": flat[offset + i].clone(),
-                                   "exp_avg": moments[("exp_avg", p)],
-                                   "exp_avg_sq": moments[("exp_avg_sq", p)]}
-                               for i, p in enumerate(params) if flat[offset + i] > 0}
+        state_dict["state"] = {  # a parameter that had no gradient has step 0: no state
+            i: {"step": steps[i].clone(), "exp_avg": m.view(p.shape), "exp_avg_sq": v.view(p.shape)}
+            for i, (p, m, v) in enumerate(zip(params, exp_avg.split(sizes), exp_avg_sq.split(sizes)))
+            if steps[i] > 0}
         optimizer.load_state_dict(state_dict)
         return True
+
+
+_RECOVERY = threading.Lock()  # SharedWeights.recover_from_death, within the main process
 
 
 def _state_tensors(model: nn.Module) -> list:

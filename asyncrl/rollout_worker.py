@@ -45,7 +45,8 @@ class RolloutWorker:
         self.env_spec = env_spec
         self.buffers, self.ctl, self.serial = buffers, ctl, serial
         self.name = f"rollout-{worker_idx}"
-        self.request_queue = queues.policy_request[worker_idx % cfg.num_policy_workers]
+        self.policy_idx = worker_idx % cfg.num_policy_workers  # the policy worker it asks
+        self.request_queue = queues.policy_request[self.policy_idx]
         self.action_ready_queue = queues.action_ready[worker_idx]
         self.free_slot_queue, self.full_slot_queue = queues.free_slot, queues.full_slot
         self.report_queue = queues.report
@@ -83,7 +84,6 @@ class RolloutWorker:
         # (the main process moved the incarnation first, so policy workers send no more).
         self.incarnation = int(b.incarnation[self.worker_idx])
         self.serial = SlotState.serial(self.worker_idx, self.incarnation, cfg.num_workers)
-        self.policy_idx = self.worker_idx % cfg.num_policy_workers
         self.policy_incarnation = int(self.policy_incarnation_np[self.policy_idx])
         self.action_ready_queue.drain()
         E = cfg.envs_per_group
