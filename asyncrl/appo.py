@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from asyncrl.envs import is_atari_id
+from asyncrl.envs import env_family
 
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
@@ -72,7 +72,6 @@ class APPO:
 
     def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None,
                  policy_kwargs: Optional[dict] = None, policy: Optional[type] = None, **kwargs):
-        atari = isinstance(env, str) and is_atari_id(env)
         schedules = {k: v for k, v in kwargs.items() if k in MUTABLE_HPARAMS and callable(v)}
         kwargs.update({k: _schedule_value(k, v, 1.0) for k, v in schedules.items()})
         device = kwargs.get("device", Config.device)
@@ -80,7 +79,7 @@ class APPO:
         self.env_factory = make_env_factory(env, env_kwargs)
         env_spec = probe_env(self.env_factory)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
-        self.config = Config.from_kwargs(with_defaults(kwargs, atari=atari, cpu_only=cpu_only,
+        self.config = Config.from_kwargs(with_defaults(kwargs, family=env_family(env), cpu_only=cpu_only,
                                                        continuous=not make_distribution(self.action_space).discrete))
         if self.config.seed is None:
             self.config = self.config.replace(seed=random.randrange(2 ** 31))

@@ -5,7 +5,7 @@
     asyncrl enjoy --experiment cartpole [--save_video] [--max_episodes 3] [--deterministic]
     asyncrl evaluate --experiment cartpole --episodes 20
     asyncrl plot train_dir/cartpole [train_dir/other ...] [--out curves.png]
-    asyncrl benchmark atari|cartpole|atari_learning [its flags]
+    asyncrl benchmark throughput --env ID [--sf] [config flags]   # or another script of benchmarks/
 
 Without a command, ``python -m asyncrl`` trains CartPole-v1 with the defaults and evaluates it.
 Every experiment lives in ``TRAIN_DIR/NAME`` (see :class:`RunDir`).
@@ -26,7 +26,7 @@ from .config import Config, ConfigError
 from .fileio import atomic_open
 
 COMMANDS = ("train", "enjoy", "evaluate", "plot", "benchmark")
-BENCHMARKS = ("atari_throughput", "cartpole_throughput", "atari_learning")
+BENCHMARKS = ("throughput", "atari_throughput", "cartpole_throughput", "atari_learning")
 
 
 def parse_value(text: str):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 ALGOS = ("appo", "impala", "ppo")
-CNNS = ("nature", "tiny")
+CNNS = ("nature", "doom", "tiny")
 # Fields a running learner picks up between (and during) train() calls, without a restart; on
 # APPO they are plain attributes (a number, or a schedule: progress_remaining -> number).
 MUTABLE_HPARAMS = ("learning_rate", "gamma", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm",
@@ -91,9 +91,11 @@ class Config:
     hidden_sizes: Tuple[int, ...] = _f((64, 64), "Hidden layer widths of the MLP (vector obs).")
     activation: str = _f("tanh", 'MLP activation: "tanh" or "relu".')
     cnn: str = _f("nature", 'Encoder of uint8 image obs: "nature" (Mnih et al. 2015: 3 convolutions '
-                  '+ 512 units; images under 36 x 36, such as MiniGrid\'s 7 x 7, get two 3 x 3 '
-                  'convolutions + 128 units) or "tiny" (every 8th pixel + 32 units: for throughput '
-                  'tests, where inference and learning cost next to nothing).')
+                  '+ 512 units, ReLU), "doom" (Sample Factory\'s convnet_simple: 32 8x8/4, 64 4x4/2, '
+                  '128 3x3/2 + 512 units, ELU; the Doom default); images under 36 x 36, such as '
+                  'MiniGrid\'s 7 x 7, get two 3 x 3 convolutions + 128 units with either. Or "tiny" '
+                  '(every 8th pixel + 32 units: for throughput tests, where inference and learning '
+                  'cost next to nothing).')
     use_rnn: bool = _f(
         False, "A recurrent core (rnn_type, rnn_size) between the encoders and the heads: memory "
         "for partially observed envs. Hidden states live in the trajectory buffers; the learner "
@@ -307,6 +309,19 @@ ATARI_CPU_DEFAULTS = dict(algo="ppo", rollout=64)
 ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 
 
+# VizDoom (Vizdoom ids, envs/doom.py): Sample Factory's defaults with its Doom overrides, the
+# settings of its VizDoom example: its CNN (convnet_simple, ELU) and a GRU of 512, rollout 32,
+# batches of 1024 in one minibatch and one epoch, lr 1e-4, clip 0.1, gradient norm 4, Adam eps
+# 1e-6, normalised inputs (the game variables) and returns, 2 workers x 8 envs. Its exploration
+# loss (symmetric KL, 0.001) becomes an entropy bonus of 0.001; its GAE lambda, V-trace's.
+DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=1024, num_epochs=1,
+                     learning_rate=1e-4, adam_eps=1e-6, gamma=0.99, vtrace_lambda=0.95,
+                     clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,
+                     cnn="doom", use_rnn=True, rnn_type="gru", rnn_size=512, normalize_obs=True,
+                     normalize_returns=True, num_workers=2, num_envs_per_worker=8)
+FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
+
+
 # Continuous actions (a Box, alone or in a Tuple/Dict): after CleanRL's ppo_continuous_action and
 # Sample Factory's MuJoCo preset: running observation and return normalisation, gamma 0.99,
 # lambda 0.95, lr 3e-4, clip 0.2, no entropy bonus, 10 epochs. Asynchronous (APPO, V-trace) with
@@ -327,15 +342,17 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def with_defaults(kwargs: dict, atari: bool = False, cpu_only: bool = False,
+def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = False,
                   cores: Optional[int] = None, continuous: bool = False) -> dict:
-    """The caller's keywords, over the values that the env family and the algorithm variant imply:
-    Atari gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
+    """The caller's keywords, over the values that the env ``family`` (``envs.env_family``) and the
+    algorithm variant imply: a family gets FAMILY_DEFAULTS[family], "doom" DOOM_DEFAULTS; Atari
+    gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
     ``num_envs_per_worker``); ``continuous`` actions get CONTINUOUS_DEFAULTS; IMPALA trains one epoch per batch; synchronous PPO's batch is one
     rollout of every env. What the caller sets always wins."""
-    preset = dict(ATARI_DEFAULTS) if atari else dict(CONTINUOUS_DEFAULTS) if continuous else {}
+    atari = family == "atari"
+    preset = dict(FAMILY_DEFAULTS.get(family) or (CONTINUOUS_DEFAULTS if continuous else {}))
     if atari and cpu_only and "algo" not in kwargs:
         preset.update(ATARI_CPU_DEFAULTS)
         if ("num_workers" not in kwargs and "num_envs_per_worker" not in kwargs

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .spaces import EnvSpec, channel_last, is_image, scaled_uint8
 
-NATURE_MIN_SIZE = 36  # the Nature CNN's smallest input; smaller images get SmallCNN
+NATURE_MIN_SIZE = 36  # the convolution stacks' smallest input; smaller images get SmallCNN
 NORM_CLIP = 10.0      # normalised observations are clipped to +-this (CleanRL's continuous PPO)
 
 
@@ -68,20 +68,29 @@ class RunningNorm(nn.Module):
 
 
 # --- image encoders: take uint8 [N, C, H, W] or [N, H, W, C], or their ``scale`` output -----
-class NatureCNN(nn.Module):
-    """Mnih et al. (2015): 3 convolutions and a 512-unit layer."""
+# Convolution stacks, (out channels, kernel, stride) per layer, then a 512-unit layer:
+CONV_STACKS = {
+    "nature": ((32, 8, 4), (64, 4, 2), (64, 3, 1)),  # Mnih et al. (2015), ReLU
+    "doom": ((32, 8, 4), (64, 4, 2), (128, 3, 2)),   # Sample Factory's convnet_simple, ELU
+}
+CONV_ACTIVATIONS = {"nature": nn.ReLU, "doom": nn.ELU}
 
-    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
+
+class ConvEncoder(nn.Module):
+    """A stack of ``CONV_STACKS[name]`` convolutions and a 512-unit layer."""
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True, name: str = "nature"):
         super().__init__()
-        self.hwc, c = hwc, chw[0]
-        self.convs = nn.Sequential(
-            init_layer(nn.Conv2d(c, 32, 8, stride=4), ortho=ortho), nn.ReLU(),
-            init_layer(nn.Conv2d(32, 64, 4, stride=2), ortho=ortho), nn.ReLU(),
-            init_layer(nn.Conv2d(64, 64, 3, stride=1), ortho=ortho), nn.ReLU(), nn.Flatten())
+        self.hwc, c, act = hwc, chw[0], CONV_ACTIVATIONS[name]
+        layers = []
+        for out, kernel, stride in CONV_STACKS[name]:
+            layers += [init_layer(nn.Conv2d(c, out, kernel, stride=stride), ortho=ortho), act()]
+            c = out
+        self.convs = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             n_flat = self.convs(torch.zeros(1, *chw)).shape[1]
         self.out_size = 512
-        self.fc = nn.Sequential(init_layer(nn.Linear(n_flat, self.out_size), ortho=ortho), nn.ReLU())
+        self.fc = nn.Sequential(init_layer(nn.Linear(n_flat, self.out_size), ortho=ortho), act())
         self.to(memory_format=torch.channels_last)  # only the 4-d conv weights change
 
     def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -154,7 +163,7 @@ def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool) -> nn.Module:
         return TinyEncoder(chw, hwc, ortho)
     if min(chw[1:]) < NATURE_MIN_SIZE:
         return SmallCNN(chw, hwc, ortho)
-    return NatureCNN(chw, hwc, ortho)
+    return ConvEncoder(chw, hwc, ortho, cnn)
 
 
 def flat_width(space: gym.Space) -> int:

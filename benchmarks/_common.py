@@ -10,9 +10,9 @@ import psutil
 from asyncrl import APPO
 
 
-def _raw_worker(env_id: str, seconds: float, out) -> None:
+def _raw_worker(env, env_kwargs: dict, seconds: float, out) -> None:
     from asyncrl.envs import make_env
-    env = make_env(env_id)
+    env = make_env(env, **env_kwargs) if isinstance(env, str) else env()
     env.reset(seed=0)
     steps, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -24,11 +24,13 @@ def _raw_worker(env_id: str, seconds: float, out) -> None:
     out.put(steps / seconds)
 
 
-def raw_env_rate(env_id: str, processes: int, seconds: float = 5.0) -> float:
-    """Env steps per second with random actions, one env per process, no learning."""
+def raw_env_rate(env, processes: int, seconds: float = 5.0, env_kwargs: dict = None) -> float:
+    """Env steps per second with random actions, one env per process, no learning. ``env``: an
+    id (made as asyncrl makes it, with ``env_kwargs``) or a picklable zero-argument factory."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_raw_worker, args=(env_id, seconds, out)) for _ in range(processes)]
+    procs = [ctx.Process(target=_raw_worker, args=(env, env_kwargs or {}, seconds, out))
+             for _ in range(processes)]
     for p in procs:
         p.start()
     rates = [out.get() for _ in procs]
@@ -102,7 +104,7 @@ def steady_fps(env: str, warmup: float, seconds: float = None, steps: int = None
 
     sampler = ProcessTreeSampler(start_after=warmup)
     sampler.start()
-    with APPO(env, verbose=0, **kwargs) as model:
+    with APPO(env, **{**kwargs, "verbose": 0}) as model:
         model.train(steps or 10 ** 12, callback=sample, callback_interval=0.5)
         stats = dict(model.logger.last_train)
         timings = model.logger.timings

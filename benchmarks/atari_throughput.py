@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--png", default="atari_throughput.png")
     args = ap.parse_args()
     cores = available_cores()
-    cfg = Config.from_kwargs(with_defaults({}, atari=True, cpu_only=True))
+    cfg = Config.from_kwargs(with_defaults({}, family="atari", cpu_only=True))
     defaults_name = f"{cfg.num_workers}x{cfg.num_envs_per_worker}, Atari defaults (algo={cfg.algo})"
     variants = {defaults_name: {}}  # name: APPO keywords over the Atari defaults
     layouts = [x for x in args.layouts.split(",") if x]
@@ -171,7 +171,7 @@ def main() -> None:
     # learner thread) and 16 envs a group spread each message's cost over more steps.
     tiny_kwargs = dict(cnn="tiny", algo="appo", learner_threads=1, num_workers=2,
                        num_envs_per_worker=32)
-    tiny_cfg = Config.from_kwargs(with_defaults(tiny_kwargs, atari=True, cpu_only=True))
+    tiny_cfg = Config.from_kwargs(with_defaults(tiny_kwargs, family="atari", cpu_only=True))
     tiny_name = "2x32 tiny model, asynchronous, learner_threads=1"
     if args.tiny:
         variants[tiny_name] = tiny_kwargs

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.encoders import NatureCNN
+from asyncrl.encoders import ConvEncoder
 from asyncrl import APPO, Config
 from asyncrl.envs import make_env
 
@@ -88,7 +88,7 @@ def test_pong_smoke_run_in_worker_processes():
     with APPO("ALE/Pong-v5", num_workers=1, num_envs_per_worker=2, rollout=16, batch_size=32,
               minibatch_size=32, num_epochs=1, reward_clip=1.0, device="cpu", seed=0,
               verbose=0) as model:
-        assert isinstance(model.policy.encoders[0], NatureCNN)
+        assert isinstance(model.policy.encoders[0], ConvEncoder)
         model.train(128)
         assert model.num_timesteps == 128
         obs, _ = make_env("ALE/Pong-v5").reset(seed=0)
@@ -99,23 +99,23 @@ def test_pong_smoke_run_in_worker_processes():
 def test_atari_defaults_apply_to_ale_ids_and_yield_to_the_caller():
     from asyncrl.config import ATARI_CPU_DEFAULTS, ATARI_DEFAULTS, with_defaults
     # With a GPU to learn on (cpu_only False): asynchronous, batch 1024.
-    cfg = Config.from_kwargs(with_defaults({}, atari=True, cpu_only=False))
+    cfg = Config.from_kwargs(with_defaults({}, family="atari", cpu_only=False))
     for name, value in ATARI_DEFAULTS.items():
         assert getattr(cfg, name) == value, name
     assert cfg.algo == "appo" and cfg.batch_size == 1024 and cfg.batch_size % cfg.slot_size == 0
     # On a CPU: synchronous, one rollout of 16 envs = CleanRL's batch of 1024; on two cores one
     # rollout worker of 16 envs, on more two of 8, unless the caller chose a layout.
     for cores, layout in ((1, (1, 16)), (2, (1, 16)), (4, (2, 8)), (64, (2, 8))):
-        cfg = Config.from_kwargs(with_defaults({}, atari=True, cpu_only=True, cores=cores))
+        cfg = Config.from_kwargs(with_defaults({}, family="atari", cpu_only=True, cores=cores))
         for name, value in {**ATARI_DEFAULTS, **ATARI_CPU_DEFAULTS}.items():
             assert getattr(cfg, name) == value, name
         assert (cfg.num_workers, cfg.num_envs_per_worker) == layout, cores
         assert cfg.algo == "ppo" and cfg.batch_size == 1024 and cfg.num_slots == 2 * layout[0]
-    cfg = Config.from_kwargs(with_defaults({"num_envs_per_worker": 4}, atari=True, cpu_only=True,
+    cfg = Config.from_kwargs(with_defaults({"num_envs_per_worker": 4}, family="atari", cpu_only=True,
                                            cores=2))
     assert (cfg.num_workers, cfg.num_envs_per_worker, cfg.batch_size) == (2, 4, 512)
     with APPO("ALE/Pong-v5", verbose=0, device="cpu") as model:  # this machine's cores
-        expected = Config.from_kwargs(with_defaults({"device": "cpu", "verbose": 0}, atari=True,
+        expected = Config.from_kwargs(with_defaults({"device": "cpu", "verbose": 0}, family="atari",
                                                     cpu_only=True))
         assert model.config.replace(seed=None) == expected.replace(seed=None)
     with APPO("ALE/Pong-v5", verbose=0, device="cpu", algo="appo") as model:  # asked for

@@ -150,10 +150,10 @@ def test_targets_in_minibatch_chunks_equal_one_pass_over_the_batch():
 
 
 def test_frames_scaled_into_a_reused_buffer_equal_a_fresh_scale():
-    from asyncrl.encoders import NatureCNN
+    from asyncrl.encoders import ConvEncoder
     frames = torch.randint(0, 256, (6, 4, 12, 12), dtype=torch.uint8)
     buf = torch.full(frames.shape, float("nan")).contiguous(memory_format=torch.channels_last)
-    cnn = NatureCNN((4, 36, 36), hwc=False)
+    cnn = ConvEncoder((4, 36, 36), hwc=False)
     out = cnn.scale(frames, out=buf)
     assert out.data_ptr() == buf.data_ptr() and out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, frames.float() / 255.0, rtol=0, atol=1e-7)

@@ -1,0 +1,73 @@
+"""VizDoom envs with Sample Factory's preprocessing, from vizdoom's bundled engine and scenarios
+(``pip install 'asyncrl[doom]'``; headless, no download).
+
+Any ``Vizdoom*`` id registered by ``vizdoom.gymnasium_wrapper`` (``VizdoomBasic-v1``,
+``VizdoomHealthGatheringSupreme-v1``, ``VizdoomDefendCenter-v1``, ...), each configurable:
+- ``frame_skip``: each action repeated this many tics by the engine (4);
+- ``resolution``: the engine renders ``"160x120"`` (any ``RES_WxH`` vizdoom knows);
+- ``width`` x ``height``: the frame resized to 128 x 72 RGB (nearest pixel, as Sample Factory's
+  ``ResizeWrapper``; with ``width=None`` the rendered frame is kept);
+- the observation is a Dict: ``"screen"``, uint8 ``[height, width, 3]``, and, where the scenario
+  declares game variables (HEALTH, AMMO2, ...), ``"gamevariables"``, float32 (Sample Factory's
+  "measurements"; the model normalises it by running statistics under the Doom defaults).
+Rewards are the scenario's own, unshaped (Sample Factory adds +1 per health pick-up to its
+gathering scenarios and logs the unshaped sum as ``true_objective``). Episode time-outs are
+truncations. ``make_env`` registers the ids inside every spawned worker, as it does ALE's.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+SCREEN, VARIABLES = "screen", "gamevariables"
+
+
+def is_doom_id(env_id: str) -> bool:
+    return env_id.startswith("Vizdoom")
+
+
+def register() -> bool:
+    """Register vizdoom's Gymnasium ids in this process. False when vizdoom is not installed."""
+    try:
+        import vizdoom.gymnasium_wrapper  # noqa: F401  (registers the ids on import)
+    except ImportError:
+        return False
+    return True
+
+
+class DoomObservation(gym.ObservationWrapper):
+    """The screen resized to ``width`` x ``height`` (nearest pixel) and, when the scenario has
+    game variables, those beside it; every other buffer (depth, labels, automap, audio) dropped."""
+
+    def __init__(self, env: gym.Env, width: int, height: int):
+        super().__init__(env)
+        import cv2
+        self._resize = cv2.resize
+        self._inter = cv2.INTER_NEAREST
+        screen = env.observation_space[SCREEN]
+        self.size = None if width is None else (width, height)
+        shape = screen.shape if width is None else (height, width, screen.shape[2])
+        spaces = {SCREEN: gym.spaces.Box(0, 255, shape, np.uint8)}
+        if VARIABLES in env.observation_space.spaces:
+            spaces[VARIABLES] = env.observation_space[VARIABLES]
+        self.observation_space = gym.spaces.Dict(spaces)
+
+    def observation(self, obs: dict) -> dict:
+        screen = obs[SCREEN]
+        if self.size is not None and screen.shape[1::-1] != self.size:
+            screen = self._resize(screen, self.size, interpolation=self._inter)
+        out = {SCREEN: screen}
+        if VARIABLES in self.observation_space.spaces:
+            out[VARIABLES] = obs[VARIABLES]
+        return out
+
+
+def make_doom(env_id: str, *, frame_skip: int = 4, resolution: str = "160x120",
+              width: int = 128, height: int = 72, **make_kwargs) -> gym.Env:
+    """A VizDoom env with Sample Factory's preprocessing; ``make_kwargs`` go to ``gym.make`` (and
+    from there to the DoomGame's config, e.g. ``doom_skill=3``)."""
+    if not register():
+        raise ImportError(f"{env_id!r} needs vizdoom: pip install 'asyncrl[doom]'")
+    env = gym.make(env_id, frame_skip=frame_skip, **{
+        "screen_resolution": f"RES_{resolution.upper()}", **make_kwargs})
+    return DoomObservation(env, width, height)

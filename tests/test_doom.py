@@ -1,0 +1,79 @@
+"""VizDoom (envs/doom.py): Sample Factory's preprocessing, the Doom defaults, a multi-process run."""
+import numpy as np
+import pytest
+import torch
+
+from asyncrl import APPO
+from asyncrl.config import DOOM_DEFAULTS
+from asyncrl.encoders import ConvEncoder
+from asyncrl.envs import env_family, make_env
+
+pytest.importorskip("vizdoom")
+pytest.importorskip("cv2")
+
+
+@pytest.fixture(scope="module")
+def hgs():
+    env = make_env("VizdoomHealthGatheringSupreme-v1")
+    yield env
+    env.close()
+
+
+@pytest.mark.timeout(60)
+def test_observations_are_128x72_rgb_with_game_variables(hgs):
+    space = hgs.observation_space
+    assert space["screen"].shape == (72, 128, 3) and space["screen"].dtype == np.uint8
+    assert space["gamevariables"].shape == (1,)  # HEALTH
+    obs, _ = hgs.reset(seed=0)
+    assert obs["screen"].shape == (72, 128, 3) and 0 < obs["gamevariables"][0] <= 100
+    assert obs["screen"].std() > 0  # a rendered frame, not a blank one
+    obs, *_ = hgs.step(0)
+    assert space.contains(obs)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kwargs, tics, shape", [({}, 4, (72, 128, 3)),
+                                                 ({"frame_skip": 2, "width": None}, 2, (120, 160, 3))])
+def test_each_step_is_four_tics_and_the_keywords_reach_the_env(kwargs, tics, shape):
+    env = make_env("VizdoomBasic-v1", **kwargs)
+    try:
+        assert env.observation_space["screen"].shape == shape  # width=None: as rendered
+        env.reset(seed=0)
+        game = env.unwrapped.game
+        t0 = game.get_episode_time()
+        env.step(0)
+        assert game.get_episode_time() - t0 == tics
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(60)
+def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win():
+    assert env_family("VizdoomBasic-v1") == "doom" and env_family("CartPole-v1") is None
+    with APPO("VizdoomBasic-v1", device="cpu", verbose=0) as model:
+        cfg = model.config
+        assert (cfg.use_rnn, cfg.rnn_type, cfg.rnn_size, cfg.cnn) == (True, "gru", 512, "doom")
+        assert all(getattr(cfg, k) == v for k, v in DOOM_DEFAULTS.items())
+        encoder = model.policy.encoders[list(model.policy.keys).index("screen")]
+        assert isinstance(encoder, ConvEncoder)
+        assert any(isinstance(m, torch.nn.ELU) for m in encoder.modules())
+        # Sample Factory's convnet_simple on 128 x 72: 128 channels of 3 x 6 into 512 units
+        assert encoder.fc[0].in_features == 128 * 3 * 6
+    with APPO("VizdoomBasic-v1", device="cpu", verbose=0, use_rnn=False, rollout=16) as model:
+        assert not model.config.use_rnn and model.config.rollout == 16
+        assert model.config.rnn_size == 512  # the other defaults stay
+
+
+@pytest.mark.timeout(120)
+def test_doom_trains_in_worker_processes_and_predicts_with_state():
+    """The rollout workers (spawned) register vizdoom's ids themselves, as they do ALE's."""
+    with APPO("VizdoomBasic-v1", device="cpu", verbose=0, seed=0, cnn="tiny", rnn_size=16,
+              num_workers=1, num_envs_per_worker=2, rollout=16, batch_size=64,
+              minibatch_size=32) as model:
+        model.train(640)
+        assert model.num_timesteps >= 640 and model.policy_version >= 1
+        env = make_env("VizdoomBasic-v1")
+        obs, _ = env.reset(seed=0)
+        action, state = model.predict(obs, state=None, episode_start=np.ones(1, bool))
+        env.close()
+        assert env.action_space.contains(int(action)) and state.shape == (1, 1, 16)
