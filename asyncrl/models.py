@@ -258,16 +258,30 @@ class RecurrentCore(nn.Module):
     def forward(self, x: torch.Tensor, state: torch.Tensor,
                 starts: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """One step (``starts`` None: x [N, F]) or trajectories (x [T * B, F] time-major, starts
-        [T, B]): (outputs [N, size], state after the last step)."""
+        [T, B]): (outputs [N, size], state after the last step). Trajectories run as whole
+        sequences through the fused RNN kernel (``torch.gru``/``torch.lstm``, nn.GRU's, on the
+        cell's own weights), cut only at the rows where some trajectory starts an episode (its
+        state zeroed there): one call for most minibatches instead of T cell calls."""
         if starts is None:
             return self.step(x, state)
         T, B = starts.shape
         x, keep = x.view(T, B, -1), (~starts).unsqueeze(-1).to(x.dtype)
-        outs = []
-        for t in range(T):
-            out, state = self.step(x[t], state * keep[t])
+        cuts = [0, *(torch.nonzero(starts[1:].any(1)).flatten() + 1).tolist(), T]
+        cell, outs = self.cell, []
+        weights = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+        for t0, t1 in zip(cuts[:-1], cuts[1:]):
+            state = state * keep[t0]
+            if self.lstm:
+                h, c = (s.unsqueeze(0).contiguous() for s in state.chunk(2, -1))
+                out, h, c = torch.lstm(x[t0:t1], (h, c), weights, True, 1, 0.0, self.training,
+                                       False, False)
+                state = torch.cat([h[0], c[0]], -1)
+            else:
+                out, h = torch.gru(x[t0:t1], state.unsqueeze(0).contiguous(), weights, True, 1,
+                                   0.0, self.training, False, False)
+                state = h[0]
             outs.append(out)
-        return torch.cat(outs), state
+        return torch.cat(outs).flatten(0, 1), state
 
 
 def sb3_observation_space(env: EnvSpec) -> gym.Space:

@@ -1,8 +1,6 @@
 """Continuous control (MuJoCo) with the automatic continuous defaults, beside Sample Factory.
 
     python benchmarks/continuous_control.py learn [--env HalfCheetah-v5] [--steps 1000000] [--sf]
-    python benchmarks/continuous_control.py throughput [--repeats 3] [--seconds 60] [--sf]
-    python benchmarks/continuous_control.py throughput --env CartPole-v1 --sf --sf_example cartpole
 
 ``learn``: trains ``APPO(env)`` (nothing but the env id: the defaults are what is measured) for
 ``--steps`` env steps, logging the training return (``rollout/ep_rew_mean``) against env steps, then
@@ -10,8 +8,7 @@ plays 10 greedy episodes. With ``--sf`` Sample Factory's MuJoCo example (``run.s
 afterwards until it has logged as many frames, and its curve is read from its log. Writes
 ``benchmarks/results/<env>_learning.{csv,json,png}``.
 
-``throughput``: steady training env steps/s of the defaults (2 workers x 8 envs), after a warm-up,
-alternated with Sample Factory's example run for as long, medians of ``--repeats``.
+Throughput (any env, Sample Factory beside it): ``benchmarks/throughput.py``.
 """
 from __future__ import annotations
 
@@ -20,11 +17,10 @@ import csv
 import json
 import os
 import re
-import statistics
 import subprocess
 import time
 
-from _common import pyplot, steady_fps
+from _common import pyplot
 
 from asyncrl import APPO
 
@@ -131,29 +127,6 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def throughput(args) -> None:
-    rows = {"asyncrl": [], "sf": []}
-    for r in range(args.repeats):
-        res = steady_fps(args.env, warmup=args.warmup, seconds=args.warmup + args.seconds, seed=r, **LAYOUT)
-        rows["asyncrl"].append(res["fps"])
-        line = f"repeat {r}: asyncrl {res['fps']:,.0f} env steps/s (cpu {res['cpu_per_process']})"
-        if args.sf:
-            rows["sf"].append(sf_steady_rate(sf_run(SF_WARMUP + args.seconds, args.sf_example), SF_WARMUP))
-            line += f", Sample Factory {rows['sf'][-1]:,.0f}"
-        print(line, flush=True)
-    ours = statistics.median(rows["asyncrl"])
-    print(f"\n| {args.env}, 2 x 8, CPU | env steps/s (median of {args.repeats}) |\n|---|---|")
-    print(f"| asyncrl defaults | {ours:,.0f} |")
-    if rows["sf"]:
-        sf = statistics.median(rows["sf"])
-        ratios = [a / b for a, b in zip(rows["asyncrl"], rows["sf"])]
-        print(f"| Sample Factory 2.1.1 | {sf:,.0f} |\n| asyncrl / SF | {ours / sf:.2f} "
-              f"(per repeat {', '.join(f'{x:.2f}' for x in ratios)}) |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -164,17 +137,8 @@ def main() -> None:
     lp.add_argument("--sf", action="store_true", help="Sample Factory's example for as many steps")
     lp.add_argument("--sf_rate", type=float, default=4_900.0,
                     help="Sample Factory's expected env steps/s, to size its run")
-    tp = sub.add_parser("throughput")
-    tp.add_argument("--env", default="HalfCheetah-v5")
-    tp.add_argument("--repeats", type=int, default=3)
-    tp.add_argument("--seconds", type=float, default=60.0)
-    tp.add_argument("--warmup", type=float, default=15.0)
-    tp.add_argument("--sf", action="store_true")
-    tp.add_argument("--sf_example", default="halfcheetah",
-                    help="run.sh's example to run beside it (cartpole for CartPole-v1)")
-    tp.add_argument("--json", default=None)
     args = ap.parse_args()
-    (learn if args.cmd == "learn" else throughput)(args)
+    learn(args)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 from _common import pyplot, raw_env_rate, steady_fps
 
@@ -302,7 +301,7 @@ def report(args, env, cores: int, skip: int, rows: dict, configs: dict, res: dic
                 cpu.setdefault(proc, []).append(v)
         cfg = configs[name]
         print(f"- {name} ({cfg.num_workers} x {cfg.num_envs_per_worker} envs, algo={cfg.algo}"
-              f"{', GRU/LSTM ' + str(cfg.rnn_size) if cfg.use_rnn else ''}): "
+              f"{', ' + cfg.rnn_type.upper() + ' ' + str(cfg.rnn_size) if cfg.use_rnn else ''}): "
               + ", ".join(f"{k} {v * 1e3:.3f} ({v / total:.0%})" for k, v in c.items())
               + "; processes: " + ", ".join(f"{p} {med(v):.2f}" for p, v in sorted(cpu.items()))
               + f"; peak PSS {med(x['peak_pss_gib'] for x in res['runs'][name]):.2f} GiB")

@@ -1,0 +1,166 @@
+"""asyncrl and Sample Factory learning VizDoom scenarios with the same frame budget, side by side.
+
+    python benchmarks/doom_learning.py [--scenarios basic,hgs] [--frames basic=1000000,hgs=4000000]
+        [--no-sf] [--seed 0] [--out benchmarks/results/doom_learning]
+
+Scenarios: ``basic`` (VizdoomBasic-v1 / SF's doom_basic: shoot the monster; the scenario's reward,
+up to ~95) and ``hgs`` (VizdoomHealthGatheringSupreme-v1 / SF's doom_health_gathering_supreme:
+survive on an acid floor by picking up medkits; the scenario's reward, +1 per tic alive, -100 at
+death; 2,100 tics at most).
+- asyncrl: ``APPO(id)`` with the Doom defaults (Sample Factory's Doom CNN + GRU 512, rollout 32,
+  batch 1024, 2 workers x 8 envs), the training return (mean of the last 100 episodes) logged
+  against frames (env steps x 4).
+- Sample Factory 2.1.1 (its venv from ../shared/bench/sample_factory/install.sh): its VizDoom
+  example, 2 workers x 8 envs on the CPU, the same seed, until the same frames; its
+  ``policy_stats/avg_true_objective`` read from its TensorBoard summaries. That is the scenario's
+  own reward: SF trains on it x 0.01 for basic (rescaled back here) and with +1 per health
+  pick-up for hgs (its shaping; asyncrl trains on the unshaped reward).
+Writes ``OUT.json``, ``OUT.csv`` and ``OUT.png``, after every run.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from _common import pyplot
+
+from asyncrl import APPO
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+SF_PYTHON = os.path.join(os.environ.get("SF_VENV", "/tmp/sf-venv"), "bin", "python")
+FRAME_SKIP = 4
+SCENARIOS = {  # name: (asyncrl id, SF env, SF's reward scale to undo, default frames)
+    "basic": ("VizdoomBasic-v1", "doom_basic", 0.01, 1_000_000),
+    "hgs": ("VizdoomHealthGatheringSupreme-v1", "doom_health_gathering_supreme", 1.0, 4_000_000),
+}
+# SF's tag is written against its frame counter; the summaries come from this snippet, run by
+# SF's own Python (it has TensorBoard's reader).
+READ_TB = """
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0}); acc.Reload()
+tag = "policy_stats/avg_true_objective"
+print(json.dumps([(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []))
+"""
+
+
+def run_asyncrl(scenario: str, frames: int, seed: int) -> dict:
+    env_id = SCENARIOS[scenario][0]
+    curve, t0 = [], time.perf_counter()
+
+    def log(m: APPO):
+        curve.append((m.num_timesteps * FRAME_SKIP, round(time.perf_counter() - t0, 1),
+                      m.logger.ep_rew_mean))
+
+    with APPO(env_id, seed=seed, device="cpu", verbose=0) as model:
+        model.train(frames // FRAME_SKIP, callback=log, callback_interval=5.0)
+        log(model)
+    return {"scenario": scenario, "engine": "asyncrl", "seed": seed, "frames": curve[-1][0],
+            "seconds": curve[-1][1], "curve": curve}
+
+
+def run_sample_factory(scenario: str, frames: int, seed: int) -> dict:
+    _, sf_env, scale, _ = SCENARIOS[scenario]
+    train_dir = tempfile.mkdtemp(prefix="sf-doom-")
+    cmd = [SF_PYTHON, "-m", "sf_examples.vizdoom.train_vizdoom", f"--env={sf_env}",
+           "--experiment=doom", f"--train_dir={train_dir}", "--restart_behavior=overwrite",
+           "--device=cpu", f"--seed={seed}", "--num_workers=2", "--num_envs_per_worker=8",
+           f"--train_for_env_steps={frames}"]
+    t0, start = time.perf_counter(), time.time()  # summaries carry epoch times
+    with open(os.path.join(train_dir, "log"), "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait()
+        finally:  # SF's workers outlive their parent: the whole session goes
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    seconds = time.perf_counter() - t0
+    summaries = os.path.join(train_dir, "doom", ".summary", "0")
+    out = subprocess.run([SF_PYTHON, "-c", READ_TB, summaries], capture_output=True, text=True)
+    points = json.loads(out.stdout or "[]")
+    if not points:
+        raise RuntimeError(f"Sample Factory logged no true objective (exit {proc.returncode}); "
+                           f"its log: {os.path.join(train_dir, 'log')}")
+    shutil.rmtree(train_dir, ignore_errors=True)
+    curve = [(step, round(wall - start, 1), value / scale) for step, wall, value in points]
+    return {"scenario": scenario, "engine": "sample_factory", "seed": seed, "frames": curve[-1][0],
+            "seconds": round(seconds, 1), "curve": curve}
+
+
+def write(runs: list, out: str) -> None:
+    with open(out + ".json", "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d"), "runs": runs}, f, indent=1)
+    with open(out + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "engine", "seed", "frames", "seconds", "return"])
+        for r in runs:
+            w.writerows((r["scenario"], r["engine"], r["seed"], *row) for row in r["curve"])
+
+
+def plot(runs: list, path: str) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    scenarios = list(dict.fromkeys(r["scenario"] for r in runs))
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(5.5 * len(scenarios), 3.8), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios):
+        for r in (r for r in runs if r["scenario"] == scenario):
+            pts = [(n, v) for n, _, v in r["curve"] if v == v]
+            if pts:
+                ax.plot(*zip(*pts), c="C0" if r["engine"] == "asyncrl" else "C3",
+                        label=f"{r['engine']} ({r['seconds'] / 60:.0f} min)")
+        ax.set_title(SCENARIOS[scenario][0])
+        ax.set_xlabel("frames (env steps x 4)")
+        ax.set_ylabel("training return (scenario's reward)")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"VizDoom, 2 workers x 8 envs, 2 CPU cores ({time.strftime('%Y-%m-%d')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--frames", default="", help="per scenario, e.g. basic=1000000,hgs=4000000")
+    ap.add_argument("--no-sf", dest="sf", action="store_false", help="asyncrl alone")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=os.path.join(RESULTS, "doom_learning"))
+    args = ap.parse_args()
+    frames = {k: v[3] for k, v in SCENARIOS.items()}
+    for part in filter(None, args.frames.split(",")):
+        name, _, value = part.partition("=")
+        if name not in SCENARIOS or not value.isdigit():
+            ap.error(f"--frames: {part!r} is not SCENARIO=FRAMES with SCENARIO in {list(SCENARIOS)}")
+        frames[name] = int(value)
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    for s in scenarios:
+        if s not in SCENARIOS:
+            ap.error(f"--scenarios: unknown {s!r}; choose from {list(SCENARIOS)}")
+    if args.sf and not os.path.exists(SF_PYTHON):
+        ap.error(f"{SF_PYTHON} not found: run ../shared/bench/sample_factory/install.sh, or --no-sf")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    runs = []
+    for s in scenarios:
+        for engine in (run_asyncrl, *([run_sample_factory] if args.sf else [])):
+            r = engine(s, frames[s], args.seed)
+            runs.append(r)
+            write(runs, args.out)  # after every run: a long sweep keeps what it measured
+            last = [v for _, _, v in r["curve"] if v == v]
+            print(f"{s} {r['engine']}: {r['frames']:,} frames in {r['seconds']:.0f} s, training "
+                  f"return {last[-1] if last else float('nan'):.1f}", flush=True)
+    plot(runs, args.out + ".png")
+    print(f"wrote {args.out}.json, .csv, .png")
+
+
+if __name__ == "__main__":
+    main()
