@@ -135,15 +135,15 @@ def stage_costs(env, env_kwargs: dict, flags: dict) -> dict:
             batch.actions.copy_(actions.view(T, B, -1))
             batch.log_probs.copy_(log_probs.view(T, B))
             batch.values.copy_(out[1].view(T, B))
-        # Synchronous PPO trains on the current weights' samples (its fast path); asynchronous
-        # algorithms on older ones (their log-probabilities and values recomputed).
-        batch.policy_versions.fill_(0 if cfg.algo == "ppo" else -1)
         no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None,
                                         "ring_all": lambda: None})
         learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None,
                           hparams=None, ctl=SharedControl(), queues=no_queues,
                           optimizer_path="/nonexistent", serial=True)
-        learner.model, learner.version = policy, 0
+        # Synchronous PPO trains on the current weights' samples (its fast path); asynchronous
+        # algorithms on older ones (their log-probabilities and values recomputed; -1, the
+        # sentinel of unwritten steps, would mask them all out).
+        learner.model, learner.version = policy, 0 if cfg.algo == "ppo" else 1
         learner.optimizer = make_optimizer(policy, cfg)
         keep_freed_memory()  # as the learner's process does
         learner.train_on(batch)  # warm-up: oneDNN builds its kernels, buffers are allocated
