@@ -8,7 +8,7 @@ import dataclasses
 import os
 import queue
 import time
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -338,16 +338,33 @@ class Learner:
         self.snapshot_served = request
         self.ctl[Ctl.SNAPSHOT_DONE] = request
 
+    def recorded_exact(self, batch: Batch) -> bool:
+        """Every sample was drawn by these very weights (synchronous PPO: always)."""
+        return batch.values is not None and bool((batch.policy_versions == self.version).all())
+
+    def one_step(self, batch: Batch) -> bool:
+        """One gradient step covers the whole batch (one epoch, one minibatch: Sample Factory's
+        Doom settings) and the samples' values must be recomputed: the forward pass of the
+        targets is then the loss's too. Its observations are normalised with the statistics
+        from before this batch's update of them (two passes would use the updated ones)."""
+        T, B = batch.rewards.shape
+        cfg = self.cfg
+        return cfg.num_epochs == 1 and cfg.minibatch_size >= T * B and not self.recorded_exact(batch)
+
     @torch.no_grad()
-    def targets(self, batch: Batch, obs: Dict[str, torch.Tensor],
-                mask: Optional[torch.Tensor]) -> Tuple[VTraceReturns, torch.Tensor, torch.Tensor]:
+    def targets(self, batch: Batch, obs: Dict[str, torch.Tensor], mask: Optional[torch.Tensor],
+                keep_graph: bool = False) -> Tuple[VTraceReturns, torch.Tensor, torch.Tensor, Any]:
         """V-trace targets of ``batch`` under the current model, once per batch, and the
         model's values V(x_t) and log-probabilities of the taken actions [T, B] before this
         update (for value clipping and the decoupled PPO ratio). ``obs``: the batch's
-        [(T+1)*B, ...] observations as ``model.prepare`` made them; ``mask`` [(T+1)*B, M]."""
+        [(T+1)*B, ...] observations as ``model.prepare`` made them; ``mask`` [(T+1)*B, M].
+        With ``keep_graph`` (``one_step``) the whole batch runs in one forward pass with grad,
+        whose (log_probs, entropy, values) of the T*B samples come back last, for the loss;
+        else that is None."""
         cfg = self.cfg
         T, B = batch.rewards.shape
-        if batch.values is not None and bool((batch.policy_versions == self.version).all()):
+        evaluated = None
+        if self.recorded_exact(batch):
             # Every sample was drawn by these very weights (synchronous PPO: always): the policy
             # worker's log-probabilities and values are this model's, so only the bootstrap
             # values V(x_T) are computed; a forward pass over the batch saved (~6% of a Nature
@@ -357,6 +374,15 @@ class Learner:
             last = index_obs(obs, slice(T * B, None))
             state = None if batch.rnn_state is None else batch.rnn_state[T]
             values = torch.cat([batch.values, self.model(last, prepared=True, state=state)[1].view(1, B)])
+        elif keep_graph:
+            actions = batch.actions.flatten(0, 1)
+            actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
+            rec = ({} if batch.rnn_state is None else
+                   dict(state=batch.rnn_state[0], starts=batch.episode_starts()))
+            with torch.enable_grad():  # (the slices too: views made under no_grad lose the graph)
+                lp, entropy, v = self.model.evaluate(obs, actions, mask, **rec)
+                evaluated = (lp[:T * B], entropy[:T * B], v[:T * B])
+            log_probs, values = lp.detach().view(T + 1, B)[:T], v.detach().view(T + 1, B)
         else:
             actions = batch.actions.flatten(0, 1)
             actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
@@ -380,7 +406,7 @@ class Learner:
                     clip_rho_threshold=cfg.vtrace_rho_clip,
                     clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
                     clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
-        return vt, values[:T], log_probs
+        return vt, values[:T], log_probs, evaluated
 
     def train_on(self, batch: Batch) -> Optional[dict]:
         """One update over ``batch``; None if the run was stopped in the middle of it (a pause
@@ -394,7 +420,7 @@ class Learner:
         valid = (lag <= cfg.max_policy_lag) & (batch.policy_versions >= self.ctl[Ctl.MIN_VERSION])
         if not valid.any():
             return {}
-        vt, old_values, old_log_probs = self.targets(batch, obs, mask)
+        vt, old_values, old_log_probs, evaluated = self.targets(batch, obs, mask, self.one_step(batch))
         advantages, returns = vt.pg_advantages.flatten(), vt.vs.flatten()
         keep = valid.flatten()
         ev = explained_variance(old_values.flatten()[keep], returns[keep])
@@ -408,7 +434,7 @@ class Learner:
         ratio_ref = (old_log_probs if cfg.decoupled_clip else batch.log_probs).flatten()
         stats = self._epochs(batch, steps, batch.actions.flatten(0, 1),
                              None if mask is None else mask[:T * B], ratio_ref, advantages,
-                             old_values, returns, keep)
+                             old_values, returns, keep, evaluated)
         if stats is None:
             return None
         valid_lag = lag[valid]
@@ -441,10 +467,11 @@ class Learner:
             yield idx, dict(state=batch.rnn_state[0, cols], starts=starts[:, cols])
 
     def _epochs(self, batch, obs, actions, mask, ratio_ref, advantages, old_values, returns,
-                keep) -> Optional[dict]:
+                keep, evaluated=None) -> Optional[dict]:
         """num_epochs passes of shuffled minibatches over the batch's [T*B] samples (whole
         trajectories for a recurrent model); masked (stale or restarted) samples take part in
-        no loss and no advantage normalisation."""
+        no loss and no advantage normalisation. ``evaluated``: the model's outputs for the
+        whole batch, with grad (``one_step``): one step on them, no forward pass."""
         T, B = batch.rewards.shape
         cfg = self.cfg
         n = advantages.shape[0]
@@ -454,13 +481,14 @@ class Learner:
         for _ in range(cfg.num_epochs):
             # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
             order = torch.randperm(n if batch.rnn_state is None else B)
-            for mb, rec in self._chunks(batch, T, order):
+            chunks = [(slice(0, n), {})] if evaluated is not None else self._chunks(batch, T, order)
+            for mb, rec in chunks:
                 if self.ctl.stopping:
                     return None
                 out = self._minibatch_step(index_obs(obs, mb), actions[mb],
                                            None if mask is None else mask[mb], ratio_ref[mb],
                                            advantages[mb], old_values[mb], returns[mb], weight[mb],
-                                           clip_coef, rec)
+                                           clip_coef, rec, evaluated)
                 if out is None:
                     skipped += 1
                     continue
@@ -470,7 +498,8 @@ class Learner:
         return stats
 
     def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
-                        returns, weight, clip_coef, rec: dict) -> Optional[torch.Tensor]:
+                        returns, weight, clip_coef, rec: dict,
+                        evaluated: Optional[tuple] = None) -> Optional[torch.Tensor]:
         """One gradient step; returns the MINIBATCH_STATS values as one tensor, or None when the
         loss or a gradient was not finite (the step is skipped: the weights stay finite).
         ``weight``: 1 for samples trained on, 0 for masked ones."""
@@ -479,7 +508,8 @@ class Learner:
             mean = masked_mean(advantages, weight)
             std = masked_mean((advantages - mean) ** 2, weight).mul(weight.sum() / (weight.sum() - 1)).sqrt()
             advantages = (advantages - mean) / (std + 1e-8)
-        new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)
+        new_log_probs, entropy, new_values = (
+            evaluated or self.model.evaluate(obs, actions, action_mask, **rec))
         out = ppo_loss(new_log_probs, ratio_ref, advantages, self.model.normalize_values(new_values),
                        old_values, returns, entropy, clip_coef=clip_coef,
                        vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,

@@ -81,10 +81,17 @@ def test_learner_recomputes_the_policy_workers_log_probs_and_values(batches, rnn
     assert checked >= 256
 
 
-def _learn_memory_task(serial: bool, use_rnn: bool) -> float:
+def _learn_memory_task(serial: bool, use_rnn: bool, chunks: int = 1) -> float:
+    """The greedy score after 30k env steps, or after each further 30k up to ``chunks`` times
+    that while it is under 0.9 (the multi-process run is not deterministic: one run in ~10
+    needed more than 30k)."""
     with APPO(custom_envs.repeat_first_env, use_rnn=use_rnn, serial_mode=serial, **FAST) as model:
-        model.train(30_000)
-        return model.evaluate(40, seed=1)[0]
+        for _ in range(chunks):
+            model.train(30_000)
+            score = model.evaluate(40, seed=1)[0]
+            if score > 0.9:
+                break
+        return score
 
 
 @pytest.mark.timeout(120)
@@ -92,7 +99,7 @@ def _learn_memory_task(serial: bool, use_rnn: bool) -> float:
 def test_a_memory_task_is_learnt_with_a_recurrent_core_only(serial):
     """The cue shown at the first step decides the last step's reward (+1 / -1): feed-forward
     scores ~0 (it cannot know), recurrent ~1."""
-    assert _learn_memory_task(serial, use_rnn=True) > 0.9
+    assert _learn_memory_task(serial, use_rnn=True, chunks=2) > 0.9
     assert abs(_learn_memory_task(serial, use_rnn=False)) < 0.6
     assert worker_children() == []
 

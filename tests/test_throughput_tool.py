@@ -1,0 +1,67 @@
+"""benchmarks/throughput.py, the throughput tool for any env: its parts that need no long run."""
+import functools
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+throughput = pytest.importorskip("throughput")
+
+from space_envs import masked_env  # noqa: E402
+
+LOG_LINE = "[2026-11-24 07:00:{:02d},000][1] Fps is (10 sec: 1.0). Total num frames: {}."
+
+
+def sf_log(readings):
+    """A Sample Factory log: its first line, then (second, frame counter) readings."""
+    return "\n".join(["[2026-11-24 07:00:00,000][1] start"]
+                     + [LOG_LINE.format(t, n) for t, n in readings])
+
+
+def test_sample_factory_rate_is_read_after_the_warm_up_between_counter_moves():
+    # a synchronous SF counts 8,192 frames at a time; the window runs between readings at which
+    # the counter had just moved, after the warm-up (the reading at 31 s moved before it ended)
+    log = sf_log([(31, 8192), (36, 16384), (41, 16384), (46, 24576), (51, 24576), (56, 32768)])
+    assert throughput.steady_rate_from_log(log, seconds=30, warmup=32) == pytest.approx(16384 / 20)
+
+
+def test_a_run_too_short_for_a_steady_rate_is_an_error_that_says_what_to_raise():
+    """The issue's case: --seconds 45 --warmup 20 printed nan for Sample Factory."""
+    log = sf_log([(26, 8192), (31, 8192), (36, 16384)])
+    with pytest.raises(throughput.BenchmarkError, match=r"moved 1 time.*Raise --seconds \(now 45"):
+        throughput.steady_rate_from_log(log, seconds=45, warmup=20)
+    with pytest.raises(throughput.BenchmarkError, match="0 readings"):
+        throughput.steady_rate_from_log("[2026-11-24 07:00:00,000][1] start", 60, 30)
+
+
+def test_sf_is_refused_for_an_env_without_an_example_and_variants_must_be_field_value():
+    with pytest.raises(throughput.BenchmarkError, match="no Sample Factory example.*CartPole-v1"):
+        throughput.main(["--env", "Acrobot-v1", "--sf"])
+    with pytest.raises(throughput.BenchmarkError, match="'use_rnn' is not field=value"):
+        throughput.parse_variant("use_rnn")
+    assert throughput.parse_variant("use_rnn=True, rnn_size=64,cnn=tiny") == {
+        "use_rnn": True, "rnn_size": 64, "cnn": "tiny"}
+
+
+def test_env_argument_is_an_id_or_a_module_factory():
+    assert throughput.resolve_env("CartPole-v1") == "CartPole-v1"
+    assert throughput.resolve_env("space_envs:copy_env").__name__ == "copy_env"
+    # Gymnasium's module:EnvId (the module has no such attribute): left to APPO as an id
+    assert throughput.resolve_env("space_envs:NoSuch-v0") == "space_envs:NoSuch-v0"
+    with pytest.raises(throughput.BenchmarkError, match="cannot import"):
+        throughput.resolve_env("no_such_module_xyz:env")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flags", [{}, {"use_rnn": True, "rnn_size": 16, "algo": "ppo"}])
+def test_stage_costs_of_a_masked_multidiscrete_env(flags):
+    """Each stage's cost is measured on the env's own spaces (masks, a recurrent core)."""
+    import gymnasium as gym
+    env = functools.partial(masked_env, "info", gym.spaces.MultiDiscrete([3, 4]))
+    costs = throughput.stage_costs(env, {}, {"rollout": 8, "batch_size": 64, "minibatch_size": 32,
+                                             "num_envs_per_worker": 4, **flags})
+    assert set(costs) == {"env", "inference", "learning"}
+    assert all(0 < v < 0.1 for v in costs.values()), costs
+    # learning on the batch did real work: far above a no-op's cost per sample
+    assert costs["learning"] > 1e-6
