@@ -16,10 +16,17 @@ truncations. ``make_env`` registers the ids inside every spawned worker, as it d
 """
 from __future__ import annotations
 
+import os
+import tempfile
+
 import gymnasium as gym
 import numpy as np
 
 SCREEN, VARIABLES = "screen", "gamevariables"
+# The engine saves its settings (ZDoom's _vizdoom.ini) where it is told, by default in the
+# working directory: one shared file in the temp directory instead of one in every folder a
+# script runs from.
+DOOM_CONFIG_PATH = os.path.join(tempfile.gettempdir(), "asyncrl_vizdoom.ini")
 
 
 def is_doom_id(env_id: str) -> bool:
@@ -69,5 +76,6 @@ def make_doom(env_id: str, *, frame_skip: int = 4, resolution: str = "160x120",
     if not register():
         raise ImportError(f"{env_id!r} needs vizdoom: pip install 'asyncrl[doom]'")
     env = gym.make(env_id, frame_skip=frame_skip, **{
-        "screen_resolution": f"RES_{resolution.upper()}", **make_kwargs})
+        "screen_resolution": f"RES_{resolution.upper()}", "doom_config_path": DOOM_CONFIG_PATH,
+        **make_kwargs})
     return DoomObservation(env, width, height)

@@ -1,4 +1,6 @@
 """VizDoom (envs/doom.py): Sample Factory's preprocessing, the Doom defaults, a multi-process run."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -34,7 +36,9 @@ def test_observations_are_128x72_rgb_with_game_variables(hgs):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kwargs, tics, shape", [({}, 4, (72, 128, 3)),
                                                  ({"frame_skip": 2, "width": None}, 2, (120, 160, 3))])
-def test_each_step_is_four_tics_and_the_keywords_reach_the_env(kwargs, tics, shape):
+def test_each_step_is_four_tics_and_the_keywords_reach_the_env(kwargs, tics, shape, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
     env = make_env("VizdoomBasic-v1", **kwargs)
     try:
         assert env.observation_space["screen"].shape == shape  # width=None: as rendered
@@ -45,6 +49,7 @@ def test_each_step_is_four_tics_and_the_keywords_reach_the_env(kwargs, tics, sha
         assert game.get_episode_time() - t0 == tics
     finally:
         env.close()
+    assert os.listdir(tmp_path) == []  # the engine's _vizdoom.ini went to the temp directory
 
 
 @pytest.mark.timeout(60)
