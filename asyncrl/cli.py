@@ -26,7 +26,8 @@ from .config import Config, ConfigError
 from .fileio import atomic_open
 
 COMMANDS = ("train", "enjoy", "evaluate", "plot", "benchmark")
-BENCHMARKS = ("throughput", "atari_throughput", "cartpole_throughput", "atari_learning")
+BENCHMARKS = ("throughput", "cartpole_throughput", "atari_learning", "doom_learning", "memory_tasks",
+              "continuous_control", "soak")
 
 
 def parse_value(text: str):

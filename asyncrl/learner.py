@@ -359,8 +359,8 @@ class Learner:
         update (for value clipping and the decoupled PPO ratio). ``obs``: the batch's
         [(T+1)*B, ...] observations as ``model.prepare`` made them; ``mask`` [(T+1)*B, M].
         With ``keep_graph`` (``one_step``) the whole batch runs in one forward pass with grad,
-        whose (log_probs, entropy, values) of the T*B samples come back last, for the loss;
-        else that is None."""
+        whose (log_probs, entropy, normalised values) of the T*B samples come back last, for
+        the loss; else that is None."""
         cfg = self.cfg
         T, B = batch.rewards.shape
         evaluated = None
@@ -381,7 +381,8 @@ class Learner:
                    dict(state=batch.rnn_state[0], starts=batch.episode_starts()))
             with torch.enable_grad():  # (the slices too: views made under no_grad lose the graph)
                 lp, entropy, v = self.model.evaluate(obs, actions, mask, **rec)
-                evaluated = (lp[:T * B], entropy[:T * B], v[:T * B])
+                # values in the head's own scale (the statistics move before the loss)
+                evaluated = (lp[:T * B], entropy[:T * B], self.model.normalize_values(v[:T * B]))
             log_probs, values = lp.detach().view(T + 1, B)[:T], v.detach().view(T + 1, B)
         else:
             actions = batch.actions.flatten(0, 1)
@@ -508,9 +509,12 @@ class Learner:
             mean = masked_mean(advantages, weight)
             std = masked_mean((advantages - mean) ** 2, weight).mul(weight.sum() / (weight.sum() - 1)).sqrt()
             advantages = (advantages - mean) / (std + 1e-8)
-        new_log_probs, entropy, new_values = (
-            evaluated or self.model.evaluate(obs, actions, action_mask, **rec))
-        out = ppo_loss(new_log_probs, ratio_ref, advantages, self.model.normalize_values(new_values),
+        if evaluated is None:
+            new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)
+            new_values = self.model.normalize_values(new_values)
+        else:
+            new_log_probs, entropy, new_values = evaluated
+        out = ppo_loss(new_log_probs, ratio_ref, advantages, new_values,
                        old_values, returns, entropy, clip_coef=clip_coef,
                        vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
                        mask=weight)

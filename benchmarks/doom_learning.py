@@ -134,6 +134,7 @@ def main() -> None:
     ap.add_argument("--frames", default="", help="per scenario, e.g. basic=1000000,hgs=4000000")
     ap.add_argument("--no-sf", dest="sf", action="store_false", help="asyncrl alone")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--append", action="store_true", help="keep the runs already in OUT.json")
     ap.add_argument("--out", default=os.path.join(RESULTS, "doom_learning"))
     args = ap.parse_args()
     frames = {k: v[3] for k, v in SCENARIOS.items()}
@@ -150,6 +151,9 @@ def main() -> None:
         ap.error(f"{SF_PYTHON} not found: run ../shared/bench/sample_factory/install.sh, or --no-sf")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     runs = []
+    if args.append and os.path.exists(args.out + ".json"):
+        with open(args.out + ".json") as f:
+            runs = json.load(f)["runs"]
     for s in scenarios:
         for engine in (run_asyncrl, *([run_sample_factory] if args.sf else [])):
             r = engine(s, frames[s], args.seed)

@@ -185,14 +185,15 @@ def test_targets_reuse_the_policy_workers_values_only_for_samples_of_these_weigh
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("use_rnn", [False, True])
-def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passes(use_rnn):
+@pytest.mark.parametrize("use_rnn, normalize_returns", [(False, False), (True, False), (False, True)])
+def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passes(use_rnn,
+                                                                                  normalize_returns):
     """One epoch of one minibatch (the Doom defaults): the targets' forward pass is the loss's
     too (one pass instead of two); the update equals the two-pass one."""
     import copy
     rollout, cols = 4, 6
     kw = dict(num_epochs=1, minibatch_size=rollout * cols, batch_size=rollout * cols,
-              rollout=rollout, use_rnn=use_rnn, rnn_size=8)
+              rollout=rollout, use_rnn=use_rnn, rnn_size=8, normalize_returns=normalize_returns)
     learners = [make_learner(**kw) for _ in range(2)]
     initial = copy.deepcopy(learners[0].model)
     learners[1].model = copy.deepcopy(initial)
