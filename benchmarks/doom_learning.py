@@ -1,12 +1,14 @@
 """asyncrl and Sample Factory learning VizDoom scenarios with the same frame budget, side by side.
 
-    python benchmarks/doom_learning.py [--scenarios basic,hgs] [--frames basic=1000000,hgs=4000000]
-        [--no-sf] [--seed 0] [--out benchmarks/results/doom_learning]
+    python benchmarks/doom_learning.py [--scenarios basic,hgs] [--frames basic=1000000,hgs=1000000]
+        [--no-sf] [--append] [--seed 0] [--out benchmarks/results/doom_learning]
 
 Scenarios: ``basic`` (VizdoomBasic-v1 / SF's doom_basic: shoot the monster; the scenario's reward,
 up to ~95) and ``hgs`` (VizdoomHealthGatheringSupreme-v1 / SF's doom_health_gathering_supreme:
-survive on an acid floor by picking up medkits; the scenario's reward, +1 per tic alive, -100 at
-death; 2,100 tics at most).
+survive on an acid floor by picking up medkits, 2,100 tics at most). SF's copy of the hgs
+scenario pays 0.01 per tic alive and nothing at death, vizdoom's 1 per tic and -100 at death:
+asyncrl's run gets SF's (``living_reward=0.01, death_penalty=0``, DoomGame settings passed
+through ``env_kwargs``), so both curves are 0.01 x tics survived (21: the whole episode).
 - asyncrl: ``APPO(id)`` with the Doom defaults (Sample Factory's Doom CNN + GRU 512, rollout 32,
   batch 1024, 2 workers x 8 envs), the training return (mean of the last 100 episodes) logged
   against frames (env steps x 4).
@@ -37,9 +39,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 SF_PYTHON = os.path.join(os.environ.get("SF_VENV", "/tmp/sf-venv"), "bin", "python")
 FRAME_SKIP = 4
-SCENARIOS = {  # name: (asyncrl id, SF env, SF's reward scale to undo, default frames)
-    "basic": ("VizdoomBasic-v1", "doom_basic", 0.01, 1_000_000),
-    "hgs": ("VizdoomHealthGatheringSupreme-v1", "doom_health_gathering_supreme", 1.0, 4_000_000),
+SCENARIOS = {  # name: (asyncrl id, its env_kwargs, SF env, SF's reward scale to undo, frames)
+    "basic": ("VizdoomBasic-v1", {}, "doom_basic", 0.01, 1_000_000),
+    "hgs": ("VizdoomHealthGatheringSupreme-v1", dict(living_reward=0.01, death_penalty=0.0),
+            "doom_health_gathering_supreme", 1.0, 1_000_000),
 }
 # SF's tag is written against its frame counter; the summaries come from this snippet, run by
 # SF's own Python (it has TensorBoard's reader).
@@ -53,14 +56,14 @@ print(json.dumps([(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] if t
 
 
 def run_asyncrl(scenario: str, frames: int, seed: int) -> dict:
-    env_id = SCENARIOS[scenario][0]
+    env_id, env_kwargs = SCENARIOS[scenario][:2]
     curve, t0 = [], time.perf_counter()
 
     def log(m: APPO):
         curve.append((m.num_timesteps * FRAME_SKIP, round(time.perf_counter() - t0, 1),
                       m.logger.ep_rew_mean))
 
-    with APPO(env_id, seed=seed, device="cpu", verbose=0) as model:
+    with APPO(env_id, env_kwargs=env_kwargs, seed=seed, device="cpu", verbose=0) as model:
         model.train(frames // FRAME_SKIP, callback=log, callback_interval=5.0)
         log(model)
     return {"scenario": scenario, "engine": "asyncrl", "seed": seed, "frames": curve[-1][0],
@@ -68,7 +71,7 @@ def run_asyncrl(scenario: str, frames: int, seed: int) -> dict:
 
 
 def run_sample_factory(scenario: str, frames: int, seed: int) -> dict:
-    _, sf_env, scale, _ = SCENARIOS[scenario]
+    _, _, sf_env, scale, _ = SCENARIOS[scenario]
     train_dir = tempfile.mkdtemp(prefix="sf-doom-")
     cmd = [SF_PYTHON, "-m", "sf_examples.vizdoom.train_vizdoom", f"--env={sf_env}",
            "--experiment=doom", f"--train_dir={train_dir}", "--restart_behavior=overwrite",
@@ -131,13 +134,13 @@ def plot(runs: list, path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
-    ap.add_argument("--frames", default="", help="per scenario, e.g. basic=1000000,hgs=4000000")
+    ap.add_argument("--frames", default="", help="per scenario, e.g. basic=1000000,hgs=2000000")
     ap.add_argument("--no-sf", dest="sf", action="store_false", help="asyncrl alone")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--append", action="store_true", help="keep the runs already in OUT.json")
     ap.add_argument("--out", default=os.path.join(RESULTS, "doom_learning"))
     args = ap.parse_args()
-    frames = {k: v[3] for k, v in SCENARIOS.items()}
+    frames = {k: v[4] for k, v in SCENARIOS.items()}
     for part in filter(None, args.frames.split(",")):
         name, _, value = part.partition("=")
         if name not in SCENARIOS or not value.isdigit():
