@@ -4,7 +4,8 @@
         [--variant "field=value,..."]... [--sf] [--sf_flags "--flag=value ..."] [--json F] [--png F]
         [--env_kwargs "{...}"] [any Config field as --field value]
 
-The env is a registered Gymnasium id (Atari and Vizdoom ids with their preprocessing; Gymnasium's
+Envs are stepped with random actions (``action_space.sample()``, masks ignored: an env that
+raises on a masked action cannot be measured yet). The env is a registered Gymnasium id (Atari and Vizdoom ids with their preprocessing; Gymnasium's
 ``module:EnvId`` form imports the module first) or ``module:function``, a zero-argument factory
 of the user's (multi-agent envs once they land). The Config flags go over the env family's
 defaults (what ``APPO(env, **flags)`` would train with); each ``--variant`` is one more asyncrl row,
@@ -146,7 +147,9 @@ def stage_costs(env, env_kwargs: dict, flags: dict) -> dict:
         learner.model, learner.version = policy, 0 if cfg.algo == "ppo" else 1
         learner.optimizer = make_optimizer(policy, cfg)
         keep_freed_memory()  # as the learner's process does
-        learner.train_on(batch)  # warm-up: oneDNN builds its kernels, buffers are allocated
+        stats = learner.train_on(batch)  # warm-up: oneDNN builds its kernels, buffers allocated
+        if not stats or stats["masked_fraction"] > 0:  # a cost of skipped samples means nothing
+            raise BenchmarkError(f"the learner's cost batch was not trained on whole ({stats})")
         t0 = time.process_time()
         learner.train_on(batch)
         learn_cost = (time.process_time() - t0) / cfg.batch_size
