@@ -94,6 +94,9 @@ def _prepare_child(name: str, parent_pid: int, parent_death_signal: bool,
     thread); the parent-pid check in the loop covers the other case."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, functools.partial(_on_parent_death, parent_pid, scratch_dir))
+    # Its own process group, which the processes its envs start (VizDoom's engines) inherit:
+    # whoever reaps this component kills the group, so none outlives a SIGKILL (kill_group).
+    os.setpgid(0, 0)
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         if parent_death_signal:
@@ -123,7 +126,16 @@ def _on_parent_death(parent_pid: int, scratch_dir: Optional[str], signum, frame)
         time.sleep(0.01)
     _remove_if_orphaned(parent_pid, scratch_dir)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGHUP)
+    os.killpg(0, signal.SIGHUP)  # with the processes its envs started
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL what is left of a reaped component's process group (processes its envs started;
+    the group outlives its leader while they run)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, parent_pid: int,
@@ -223,6 +235,7 @@ def shutdown_graph(ctl: SharedControl, procs: list, components: list, queues: "Q
                 break
             except KeyboardInterrupt:
                 forced = True
+        kill_group(p.pid)
         p.close()
     procs.clear()
     for c in components:
@@ -572,6 +585,7 @@ class Runner:
             self.logger.write(f"[asyncrl] {dead.name} (pid {dead.pid}) {how}: restarted as pid "
                               f"{self.procs[idx].pid}, {what} ({self.worker_restarts} of "
                               f"max_worker_restarts={self.cfg.max_worker_restarts})")
+        kill_group(dead.pid)
         dead.close()
 
     def _retire_rollout_worker(self, worker_idx: int) -> str:

@@ -127,3 +127,41 @@ def pyplot():
         print("matplotlib missing: no PNG (pip install 'asyncrl[bench]')")
         return None
     return plt
+
+
+def write_runs(out: str, meta: dict, runs: list, keys: list, columns: list) -> None:
+    """``out``.json ({**meta, "runs": runs}) and ``out``.csv: one row per curve point, the run's
+    ``keys`` then the point's ``columns``."""
+    import csv
+    import json
+    with open(out + ".json", "w") as f:
+        json.dump({**meta, "runs": runs}, f, indent=1)
+    with open(out + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*keys, *columns])
+        for r in runs:
+            w.writerows((*(r[k] for k in keys), *row) for row in r["curve"])
+
+
+def plot_curves(runs: list, panel: str, title, style, xlabel: str, ylabel: str,
+                suptitle: str, path: str, width: float = 5.0) -> None:
+    """One panel per value of ``runs[i][panel]`` (titled ``title(value)``), a line per run
+    through its curve's (x, _, y) points, ``style(run)`` -> (colour, label)."""
+    plt = pyplot()
+    if plt is None:
+        return
+    panels = list(dict.fromkeys(r[panel] for r in runs))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 3.8), squeeze=False)
+    for ax, value in zip(axes[0], panels):
+        for r in (r for r in runs if r[panel] == value):
+            pts = [(n, v) for n, _, v in r["curve"] if v == v]
+            if pts:
+                colour, label = style(r)
+                ax.plot(*zip(*pts), c=colour, label=label)
+        ax.set_title(title(value))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.suptitle(suptitle)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)

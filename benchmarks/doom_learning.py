@@ -22,7 +22,6 @@ Writes ``OUT.json``, ``OUT.csv`` and ``OUT.png``, after every run.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ import subprocess
 import tempfile
 import time
 
-from _common import pyplot
+from _common import plot_curves, write_runs
 
 from asyncrl import APPO
 
@@ -101,34 +100,16 @@ def run_sample_factory(scenario: str, frames: int, seed: int) -> dict:
 
 
 def write(runs: list, out: str) -> None:
-    with open(out + ".json", "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "runs": runs}, f, indent=1)
-    with open(out + ".csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["scenario", "engine", "seed", "frames", "seconds", "return"])
-        for r in runs:
-            w.writerows((r["scenario"], r["engine"], r["seed"], *row) for row in r["curve"])
+    write_runs(out, {"date": time.strftime("%Y-%m-%d")}, runs, ["scenario", "engine", "seed"],
+               ["frames", "seconds", "return"])
 
 
 def plot(runs: list, path: str) -> None:
-    plt = pyplot()
-    if plt is None:
-        return
-    scenarios = list(dict.fromkeys(r["scenario"] for r in runs))
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(5.5 * len(scenarios), 3.8), squeeze=False)
-    for ax, scenario in zip(axes[0], scenarios):
-        for r in (r for r in runs if r["scenario"] == scenario):
-            pts = [(n, v) for n, _, v in r["curve"] if v == v]
-            if pts:
-                ax.plot(*zip(*pts), c="C0" if r["engine"] == "asyncrl" else "C3",
-                        label=f"{r['engine']} ({r['seconds'] / 60:.0f} min)")
-        ax.set_title(SCENARIOS[scenario][0])
-        ax.set_xlabel("frames (env steps x 4)")
-        ax.set_ylabel("training return (scenario's reward)")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"VizDoom, 2 workers x 8 envs, 2 CPU cores ({time.strftime('%Y-%m-%d')})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot_curves(runs, "scenario", lambda s: SCENARIOS[s][0],
+                lambda r: ("C0" if r["engine"] == "asyncrl" else "C3",
+                           f"{r['engine']} ({r['seconds'] / 60:.0f} min)"),
+                "frames (env steps x 4)", "training return (scenario's reward)",
+                f"VizDoom, 2 workers x 8 envs, 2 CPU cores ({time.strftime('%Y-%m-%d')})", path, 5.5)
 
 
 def main() -> None:

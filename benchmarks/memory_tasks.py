@@ -15,15 +15,13 @@ plays 20 greedy episodes. Writes ``benchmarks/results/memory_tasks.{json,csv,png
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import time
 
 import gymnasium as gym
 import numpy as np
 
-from _common import pyplot
+from _common import plot_curves, write_runs
 
 from asyncrl import APPO
 
@@ -80,33 +78,17 @@ def run(task: str, use_rnn: bool, seed: int) -> dict:
 
 
 def plot(runs: list, path: str) -> None:
-    plt = pyplot()
-    if plt is None:
-        return
-    tasks = list(dict.fromkeys(r["task"] for r in runs))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        for r in (r for r in runs if r["task"] == task):
-            pts = [(n, v) for n, _, v in r["curve"] if v == v]
-            label = f"{'GRU 128' if r['use_rnn'] else 'feed-forward'} (greedy {r['greedy_mean']:.2f})"
-            ax.plot(*zip(*pts), c="C1" if r["use_rnn"] else "C0", label=label)
-        ax.set_title(task)
-        ax.set_xlabel("env steps")
-        ax.set_ylabel("training return (mean of 100)")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"asyncrl, recurrent vs feed-forward, 2 CPU cores ({time.strftime('%Y-%m-%d')})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot_curves(runs, "task", str,
+                lambda r: ("C1" if r["use_rnn"] else "C0",
+                           f"{'GRU 128' if r['use_rnn'] else 'feed-forward'} "
+                           f"(greedy {r['greedy_mean']:.2f})"),
+                "env steps", "training return (mean of 100)",
+                f"asyncrl, recurrent vs feed-forward, 2 CPU cores ({time.strftime('%Y-%m-%d')})", path)
 
 
 def write(runs: list, out: str) -> None:
-    with open(out + ".json", "w") as f:
-        json.dump({"settings": SETTINGS, "date": time.strftime("%Y-%m-%d"), "runs": runs}, f, indent=1)
-    with open(out + ".csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["task", "use_rnn", "seed", "env_steps", "seconds", "ep_rew_mean"])
-        for r in runs:
-            w.writerows((r["task"], r["use_rnn"], r["seed"], *row) for row in r["curve"])
+    write_runs(out, {"settings": SETTINGS, "date": time.strftime("%Y-%m-%d")}, runs,
+               ["task", "use_rnn", "seed"], ["env_steps", "seconds", "ep_rew_mean"])
 
 
 def main() -> None:

@@ -82,3 +82,30 @@ def test_doom_trains_in_worker_processes_and_predicts_with_state():
         action, state = model.predict(obs, state=None, episode_start=np.ones(1, bool))
         env.close()
         assert env.action_space.contains(int(action)) and state.shape == (1, 1, 16)
+
+
+def _engines() -> set:
+    import psutil
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "vizdoom"}
+
+
+@pytest.mark.timeout(120)
+def test_engines_of_a_killed_rollout_worker_do_not_outlive_it():
+    """VizDoom runs each game in an engine process of its own: a rollout worker SIGKILLed (and
+    replaced), and the run closed, leave none behind."""
+    import signal
+    import time
+    before = _engines()
+    with APPO("VizdoomBasic-v1", device="cpu", verbose=0, seed=0, cnn="tiny", use_rnn=False,
+              num_workers=1, num_envs_per_worker=2, rollout=16, batch_size=64,
+              minibatch_size=32) as model:
+        model.train(320)
+        worker = next(p for p in model._runner.procs if p.name == "rollout-0")
+        assert len(_engines() - before) == 2
+        os.kill(worker.pid, signal.SIGKILL)
+        model.train(640)  # the replacement trains on
+        assert model._runner.worker_restarts == 1
+    deadline = time.monotonic() + 5
+    while _engines() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _engines() - before == set()
