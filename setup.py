@@ -25,6 +25,7 @@ setup(
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],
         "bench": ["matplotlib>=3.5"],
         "doom": ["vizdoom>=1.2", "opencv-python-headless>=4.5"],  # Vizdoom* ids (envs/doom.py)
+        "multiagent": ["pettingzoo>=1.24", "mpe2>=1.0"],  # ParallelEnvs; MPE2 in benchmarks/
         "mujoco": ["gymnasium[mujoco]>=1.0"],  # HalfCheetah-v5 etc. (benchmarks/continuous_control.py)
         "sb3": ["stable-baselines3>=2.3"],  # get_env(), SB3 callbacks in learn()
         "ray": ["ray>=2.9"],                # asyncrl.pbt on a Ray cluster
@@ -32,6 +33,7 @@ setup(
         "video": ["imageio>=2.20", "imageio-ffmpeg>=0.4", "pygame>=2.1"],
         "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5",
                   "stable-baselines3>=2.3", "ray>=2.9", "matplotlib>=3.5", "imageio>=2.20",
-                  "imageio-ffmpeg>=0.4", "pygame>=2.1", "hypothesis>=6", "vizdoom>=1.2"],
+                  "imageio-ffmpeg>=0.4", "pygame>=2.1", "hypothesis>=6", "vizdoom>=1.2",
+                  "pettingzoo>=1.24"],
     },
 )

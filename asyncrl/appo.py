@@ -9,6 +9,7 @@ import shutil
 import weakref
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
+import cloudpickle
 import numpy as np
 import torch
 
@@ -22,10 +23,11 @@ from .fileio import atomic_torch_save, make_scratch_dir
 from .learner import make_optimizer, rng_path
 from .logger import TrainLogger
 from .models import PolicySpec, build_checked
+from .multiagent import DEFAULT_POLICY, play_parallel_episode
 from .runner import Runner
 from .spaces import MASK_KEY, read_mask
 
-PARAM_KEYS = ("policy", "policy.optimizer")  # get_parameters() layout, as in Stable-Baselines3
+OPTIMIZER_SUFFIX = ".optimizer"  # get_parameters(): {id: weights, id + ".optimizer": Adam's state}
 
 
 def resolve_device(device: str) -> str:
@@ -60,6 +62,14 @@ class APPO:
     :param policy: a whole custom network class, ``cls(observation_space, action_space,
         param_size, **policy_kwargs)`` whose ``forward(obs)`` returns ``(params [N, param_size],
         values [N])``; None: the built-in actor-critic.
+    :param policies: for a multi-agent env (a factory returning a PettingZoo ``ParallelEnv``):
+        ``{policy id: None}`` for the trained policy (the defaults; a dict of overrides instead:
+        ``policy_kwargs``, ``policy`` and config fields), ``{policy id: fn(obs) -> action}`` for
+        rule-based ones, run in the rollout workers. One policy is trained per run. None: every
+        agent plays one shared policy, ``"policy"``.
+    :param policy_mapping: ``fn(agent_id)`` (fixed) or ``fn(agent_id, episode_idx)`` returning
+        the policy id an agent plays, called when the agent first appears in an episode;
+        lambdas and closures are fine (cloudpickle).
     :param kwargs: any field of :class:`asyncrl.Config` (``num_workers``, ``learning_rate``, ...).
         The fields in ``MUTABLE_HPARAMS`` (``learning_rate``, ``gamma``, ``ent_coef``,
         ``clip_coef``, ``vf_coef``, ``max_grad_norm``, ``vtrace_lambda``) may also be schedules,
@@ -71,13 +81,24 @@ class APPO:
     """
 
     def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None,
-                 policy_kwargs: Optional[dict] = None, policy: Optional[type] = None, **kwargs):
+                 policy_kwargs: Optional[dict] = None, policy: Optional[type] = None,
+                 policies: Optional[dict] = None, policy_mapping: Optional[Callable] = None,
+                 **kwargs):
+        self.env_factory = make_env_factory(env, env_kwargs)
+        env_spec, self.agents, overrides = probe_env(self.env_factory, policies, policy_mapping)
+        self.policies, self.policy_mapping = policies, policy_mapping
+        self.policy_id = DEFAULT_POLICY if self.agents is None else self.agents.policy_id
+        policy_kwargs = overrides.pop("policy_kwargs", policy_kwargs)
+        policy = overrides.pop("policy", policy)
+        kwargs.update(overrides)
+        lanes = 1 if self.agents is None else len(self.agents.lanes)
+        if kwargs.setdefault("lanes_per_env", lanes) != lanes:
+            raise ConfigError(f"lanes_per_env={kwargs['lanes_per_env']!r}: it is set by the engine "
+                              f"from the env's agents ({lanes} here); leave it out")
         schedules = {k: v for k, v in kwargs.items() if k in MUTABLE_HPARAMS and callable(v)}
         kwargs.update({k: _schedule_value(k, v, 1.0) for k, v in schedules.items()})
         device = kwargs.get("device", Config.device)
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-        self.env_factory = make_env_factory(env, env_kwargs)
-        env_spec = probe_env(self.env_factory)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
         self.config = Config.from_kwargs(with_defaults(kwargs, family=env_family(env), cpu_only=cpu_only,
                                                        continuous=not make_distribution(self.action_space).discrete))
@@ -159,7 +180,7 @@ class APPO:
                 os.makedirs(self._tmpdir, exist_ok=True)
                 self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
             self._runner = Runner(self.config, self.env_factory, self.policy_spec, self.device, self.policy,
-                                  self._optimizer_path, self.logger, self._num_graphs)
+                                  self._optimizer_path, self.logger, self._num_graphs, self.agents)
             self._num_graphs += 1
         return self._runner
 
@@ -204,7 +225,7 @@ class APPO:
 
     # --- acting ---------------------------------------------------------------------------
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = False,
-                action_masks=None) -> Tuple[Any, Any]:
+                action_masks=None, policy_id: Optional[str] = None) -> Tuple[Any, Any]:
         """Actions for one observation or a batch (``[N, *shape]``; ``Dict`` observations batched
         per key), in the env's own format (NumPy, as SB3 returns them), and the next recurrent
         state. ``action_masks``: ``[mask_size]`` or ``[N, mask_size]``, True where legal
@@ -215,7 +236,16 @@ class APPO:
         is what the previous call returned (None at the start: zeros), ``episode_start`` ``[N]``
         is True where an episode starts (that env's state is zeroed first), and the returned
         state is an ``(h, c)`` tuple of ``[1, N, rnn_size]`` arrays for an LSTM, one such array
-        for a GRU. A feed-forward model returns ``state`` as given."""
+        for a GRU. A feed-forward model returns ``state`` as given.
+
+        ``policy_id`` (a multi-agent env): the trained policy's id (the default) or a rule-based
+        one's, whose function is applied to the one observation given."""
+        if policy_id is not None and policy_id != self.policy_id:
+            rule_based = {} if self.agents is None else self.agents.rule_based
+            if policy_id not in rule_based:
+                raise KeyError(f"policy_id={policy_id!r}: this model's policies are "
+                               f"{[self.policy_id, *rule_based]}")
+            return self.agents.act_rule_based(policy_id, "(predict)", observation), state
         arrays, n, single = self.policy_spec.env.batch_obs(observation)
         obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
         mask = self._predict_mask(observation, action_masks, n)
@@ -274,20 +304,44 @@ class APPO:
         return m
 
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True,
-                 seed: Optional[int] = None) -> Tuple[float, float]:
+                 seed: Optional[int] = None, policy_id: Optional[str] = None) -> Tuple[float, float]:
         """Mean and std of the raw episode return (whole games: no reward clipping, no episodic
-        life) over ``n_episodes``, played in this process."""
+        life) over ``n_episodes``, played in this process. A multi-agent env: the return of the
+        agents that play ``policy_id`` (default: the trained policy), averaged over them per
+        episode, each agent playing the policy the mapping gives it."""
         env = eval_env_factory(self.env_factory)()
         try:
-            returns = [play_episode(self, env, deterministic, None if seed is None else seed + ep)[0]
-                       for ep in range(n_episodes)]
+            if self.agents is not None:
+                pid = policy_id or self.policy_id
+                if pid not in self.agents.policy_ids:
+                    raise KeyError(f"policy_id={pid!r}: this model's policies are {self.agents.policy_ids}")
+                returns = [play_parallel_episode(self.agents, env, self._agent_actor(deterministic),
+                                                 None if seed is None else seed + ep, ep).get(pid, np.nan)
+                           for ep in range(n_episodes)]
+                returns = [r for r in returns if r == r] or [np.nan]  # episodes it played
+            else:
+                returns = [play_episode(self, env, deterministic, None if seed is None else seed + ep)[0]
+                           for ep in range(n_episodes)]
         finally:
             env.close()
         return float(np.mean(returns)), float(np.std(returns))
 
+    def _agent_actor(self, deterministic: bool) -> Callable:
+        """act(agent, obs, info, start, state) -> (action, state) with the trained policy."""
+        source = self.policy_spec.env.mask_source
+
+        def act(obs, info, start, state):
+            masks = info.get(MASK_KEY) if source == "info" else None
+            return self.predict(obs, state=state, episode_start=np.array([start]),
+                                deterministic=deterministic, action_masks=masks)
+        return act
+
     def get_env(self):
         """A Stable-Baselines3 ``VecEnv`` of one evaluation env (Monitor-wrapped, whole games),
         for SB3 tools such as ``evaluate_policy(model, model.get_env())``. Needs SB3 installed."""
+        if self.agents is not None:
+            raise NotImplementedError("get_env() returns a single-agent SB3 VecEnv; for a "
+                                      "multi-agent env use model.evaluate(policy_id=...)")
         if self._eval_vec_env is None:
             try:
                 from stable_baselines3.common.monitor import Monitor
@@ -304,10 +358,17 @@ class APPO:
         return None
 
     # --- parameters -----------------------------------------------------------------------
+    @property
+    def _param_keys(self) -> Tuple[str, str]:
+        return self.policy_id, self.policy_id + OPTIMIZER_SUFFIX
+
     def get_parameters(self) -> Dict[str, dict]:
-        """SB3's layout: ``{"policy": state_dict, "policy.optimizer": Adam state}`` (copies, CPU)."""
-        return {"policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
-                "policy.optimizer": self._optimizer_state()}
+        """SB3's layout, keyed by policy id: ``{"policy": state_dict, "policy.optimizer": Adam
+        state}`` (copies, CPU); a multi-agent model's trained policy under its own id
+        (``"hero"``, ``"hero.optimizer"``). Rule-based policies have none."""
+        weights_key, optimizer_key = self._param_keys
+        return {weights_key: {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
+                optimizer_key: self._optimizer_state()}
 
     def _optimizer_state(self) -> dict:
         if os.path.exists(self._optimizer_path):
@@ -317,48 +378,56 @@ class APPO:
     def set_parameters(self, load_path_or_dict: Union[dict, str, os.PathLike],
                        exact_match: bool = True, device: str = "auto") -> None:
         """Load parameters: a dict in :meth:`get_parameters`' layout (``"policy.optimizer"`` is
-        optional: without it the learner keeps its Adam state), a bare ``state_dict``, or a path
-        to a file of :meth:`save` or a ``torch.save``-d state dict. With ``exact_match`` every
+        optional: without it the learner keeps its Adam state; a policy id's value may also be a
+        path, as below), a bare ``state_dict``, or a path to a file of :meth:`save` or a
+        ``torch.save``-d state dict. With ``exact_match`` every
         weight must be present; keys this model lacks and shape mismatches always raise, naming
         them. Samples collected before are from another policy and are not trained on."""
         if self._training:
             raise RuntimeError("set_parameters() inside a training callback would be overwritten "
                                "by the learner's next weights: return False from the callback "
                                "and set the parameters between train() calls")
+        weights_key, optimizer_key = self._param_keys
         params = self._params_from(load_path_or_dict)
-        unknown = sorted(map(str, set(params) - set(PARAM_KEYS)))
+        rule_based = [k for k in params if self.agents is not None and k in self.agents.rule_based]
+        if rule_based:
+            raise KeyError(f"policy {rule_based[0]!r} is rule-based: it has no parameters")
+        unknown = sorted(map(str, set(params) - set(self._param_keys)))
         if unknown:
-            raise KeyError(f"unknown parameter group(s) {unknown}; expected {list(PARAM_KEYS)} "
+            raise KeyError(f"unknown parameter group(s) {unknown}; expected {list(self._param_keys)} "
                            "(the layout of get_parameters()) or a bare state_dict")
-        if "policy" not in params:
-            raise KeyError("no 'policy' weights given; expected the layout of get_parameters()")
-        self._check_state_dict(params["policy"], exact_match)
-        optimizer_state = params.get("policy.optimizer")
+        if weights_key not in params:
+            raise KeyError(f"no {weights_key!r} weights given; expected the layout of get_parameters()")
+        if isinstance(params[weights_key], (str, os.PathLike)):  # a checkpoint per policy id
+            from_file = self._params_from(params[weights_key])
+            params = {**from_file, **{k: v for k, v in params.items() if k != weights_key}}
+        self._check_state_dict(params[weights_key], exact_match)
+        optimizer_state = params.get(optimizer_key)
         if optimizer_state is not None:
             probe = torch.optim.Adam(self.policy.parameters())
             try:
                 probe.load_state_dict(optimizer_state)
             except (ValueError, KeyError) as e:
-                raise ValueError(f"'policy.optimizer' does not fit this model's Adam ({e})") from e
-        self.policy.load_state_dict(params["policy"], strict=exact_match)
+                raise ValueError(f"{optimizer_key!r} does not fit this model's Adam ({e})") from e
+        self.policy.load_state_dict(params[weights_key], strict=exact_match)
         if optimizer_state is not None:
             torch.save(optimizer_state, self._optimizer_path)
             self._optimizer_epoch += 1
         self.policy_version += 1  # new weights: samples made before are from another policy
         self._min_version = self.policy_version
 
-    @staticmethod
-    def _params_from(value) -> dict:
+    def _params_from(self, value) -> dict:
+        weights_key, optimizer_key = self._param_keys
         if isinstance(value, (str, os.PathLike)):
             loaded = torch.load(value, map_location="cpu", weights_only=False)
             if isinstance(loaded, dict) and "state_dict" in loaded:  # a file of save()
-                return {"policy": loaded["state_dict"], "policy.optimizer": loaded.get("optimizer")}
+                return {weights_key: loaded["state_dict"], optimizer_key: loaded.get("optimizer")}
             value = loaded
         if not isinstance(value, dict):
             raise TypeError(f"expected a dict of parameters, a state_dict or a checkpoint path, "
                             f"got {type(value).__name__}")
         if value and all(torch.is_tensor(v) for v in value.values()):
-            return {"policy": value}  # a bare state_dict
+            return {weights_key: value}  # a bare state_dict
         return value
 
     def _check_state_dict(self, state: dict, exact_match: bool) -> None:
@@ -402,7 +471,8 @@ class APPO:
                 "env_factory": self.env_factory, "num_timesteps": steps,
                 "policy_version": version, "num_graphs": self._num_graphs,
                 "optimizer": optimizer, "learner_rng": learner_rng,
-                "policy_class": self.policy_spec.policy, "policy_kwargs": self.policy_spec.policy_kwargs}
+                "policy_class": self.policy_spec.policy, "policy_kwargs": self.policy_spec.policy_kwargs,
+                "policies": _cloudpickled(self.policies), "policy_mapping": _cloudpickled(self.policy_mapping)}
         atomic_torch_save(blob, path)
 
     @staticmethod
@@ -421,6 +491,9 @@ class APPO:
         model = cls(env if env is not None else blob["env_factory"],
                     policy=overrides.pop("policy", blob.get("policy_class")),
                     policy_kwargs=overrides.pop("policy_kwargs", blob.get("policy_kwargs")),
+                    policies=overrides.pop("policies", _uncloudpickled(blob.get("policies"))),
+                    policy_mapping=overrides.pop("policy_mapping",
+                                                 _uncloudpickled(blob.get("policy_mapping"))),
                     **{**blob["config"], "device": device, **overrides})
         model.policy.load_state_dict(blob["state_dict"])
         model.num_timesteps, model.policy_version = blob["num_timesteps"], blob["policy_version"]
@@ -474,6 +547,14 @@ def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[in
                 return total, length
             obs, info = env.reset()  # a lost life: the game goes on, as a new learning episode
             start = True
+
+
+def _cloudpickled(value: Any) -> Optional[bytes]:
+    return None if value is None else cloudpickle.dumps(value)
+
+
+def _uncloudpickled(blob: Optional[bytes]) -> Any:
+    return None if blob is None else cloudpickle.loads(blob)
 
 
 def _as_numpy(action: Any) -> Any:

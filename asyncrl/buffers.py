@@ -71,7 +71,8 @@ class SlotState:
 class TrajectoryBuffers:
     """``num_slots`` slots, each one env group's trajectory of ``rollout`` steps: for every entry
     of the spec a tensor ``[S, rows, E, *shape]`` (rows T+1 for observed entries, whose row T is
-    the state after the last step; T for the rest), in ``tensors`` by name.
+    the state after the last step; T for the rest), in ``tensors`` by name. E counts columns:
+    one per env, or per agent lane of a multi-agent env (see multiagent).
 
     Bookkeeping for replacing a killed component (see ``SlotState``): ``slot_owner`` [S] (each
     slot's state), ``incarnation`` [num_workers] (moved by the main process when it replaces a
@@ -88,7 +89,7 @@ class TrajectoryBuffers:
     @staticmethod
     def nbytes(cfg: Config, spec: Dict[str, Entry]) -> int:
         """Shared memory the buffers take."""
-        S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
+        S, T, E = cfg.num_slots, cfg.rollout, cfg.columns_per_group
         total = 8 * (S + 3 * cfg.num_workers + 2 * cfg.num_policy_workers)
         for e in spec.values():
             itemsize = torch.empty((), dtype=e.dtype).element_size()
@@ -96,7 +97,7 @@ class TrajectoryBuffers:
         return total
 
     def __init__(self, cfg: Config, spec: Dict[str, Entry]):
-        S, T, E = cfg.num_slots, cfg.rollout, cfg.envs_per_group
+        S, T, E = cfg.num_slots, cfg.rollout, cfg.columns_per_group
         self.spec = spec
 
         def shared(shape, dtype, fill):

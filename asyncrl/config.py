@@ -52,6 +52,10 @@ class Config:
         "ppo: synchronous collection (every sample from the latest policy), for comparison.")
     serial_mode: bool = _f(False, "Run every component in the main process, in turn (debugging).")
     seed: Optional[int] = _f(None, "Seed of weights, envs and action sampling (None: random).")
+    lanes_per_env: int = _f(
+        1, "Set by the engine from the env, not by hand: trajectory columns (lanes) per env, one "
+        "per agent of a multi-agent env that may play the trained policy; 1 for a single-agent "
+        "env. Batch sizes count agent steps.")
 
     # --- optimisation -----------------------------------------------------------------------
     learning_rate: float = _f(1e-3, "Adam learning rate.")
@@ -149,9 +153,14 @@ class Config:
         return self.num_workers * 2
 
     @property
+    def columns_per_group(self) -> int:
+        """Trajectory columns of one env group's slot: its envs x lanes per env."""
+        return self.envs_per_group * self.lanes_per_env
+
+    @property
     def slot_size(self) -> int:
-        """Samples in one trajectory slot: rollout x envs per group."""
-        return self.rollout * self.envs_per_group
+        """Samples in one trajectory slot: rollout x columns per group."""
+        return self.rollout * self.columns_per_group
 
     @property
     def slots_per_batch(self) -> int:
@@ -201,7 +210,7 @@ class Config:
 
         for name in ("num_workers", "num_policy_workers", "learner_threads", "rollout", "batch_size", "num_epochs",
                      "minibatch_size", "stats_window", "max_nonfinite_updates",
-                     "max_env_restarts"):
+                     "max_env_restarts", "lanes_per_env"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1, name,
                   "must be an integer >= 1")
         check(is_int(self.num_envs_per_worker) and self.num_envs_per_worker >= 2
@@ -250,8 +259,11 @@ class Config:
             return errs
         if self.batch_size % self.slot_size:
             errs.append(
-                f"batch_size={self.batch_size} must be a multiple of rollout x envs per group = "
-                f"{self.rollout} x {self.envs_per_group} = {self.slot_size} (rollout={self.rollout}, "
+                f"batch_size={self.batch_size} must be a multiple of rollout x envs per group"
+                + (" x agent lanes per env" if self.lanes_per_env > 1 else "") + " = "
+                f"{self.rollout} x {self.envs_per_group}"
+                + (f" x {self.lanes_per_env}" if self.lanes_per_env > 1 else "") +
+                f" = {self.slot_size} (rollout={self.rollout}, "
                 f"num_envs_per_worker={self.num_envs_per_worker}); try "
                 f"batch_size={max(1, round(self.batch_size / self.slot_size)) * self.slot_size}")
         if self.batch_size % self.minibatch_size:
@@ -268,12 +280,12 @@ class Config:
             errs.append(f"num_epochs={self.num_epochs}: algo='impala' trains one epoch per batch; "
                         "use num_epochs=1 or algo='appo'")
         if self.algo == "ppo":
-            per_round = self.num_workers * self.num_envs_per_worker * self.rollout
+            per_round = self.num_groups * self.slot_size
             if self.batch_size != per_round:
                 errs.append(
                     f"batch_size={self.batch_size}: algo='ppo' collects one rollout of every env per "
-                    f"update, so batch_size must be num_workers x num_envs_per_worker x rollout = "
-                    f"{per_round}")
+                    f"update, so batch_size must be num_workers x num_envs_per_worker x rollout"
+                    + (" x agent lanes per env" if self.lanes_per_env > 1 else "") + f" = {per_round}")
         return errs
 
     def describe(self) -> str:
@@ -353,7 +365,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
     ``num_envs_per_worker``); ``continuous`` actions get CONTINUOUS_DEFAULTS; IMPALA trains one epoch per batch; synchronous PPO's batch is one
-    rollout of every env. What the caller sets always wins."""
+    rollout of every env; a multi-agent env's batch (``lanes_per_env`` > 1) is rounded to a
+    multiple of its slot. What the caller sets always wins."""
     atari = family == "atari"
     preset = dict(FAMILY_DEFAULTS.get(family) or (CONTINUOUS_DEFAULTS if continuous else {}))
     if atari and cpu_only and "algo" not in kwargs:
@@ -365,17 +378,24 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     algo = merged.get("algo", "appo")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     get = lambda name: merged.get(name, defaults[name])  # noqa: E731
-    counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size")]
+    counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size",
+                               "lanes_per_env")]
     counts_ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts)
     implied = {}
-    if atari and counts_ok:  # bad counts are left to validation
-        slot = counts[2] * max(1, counts[1] // 2)
-        implied["batch_size"] = max(1, round(ATARI_BATCH_SIZE / slot)) * slot
+    slot = counts[2] * max(1, counts[1] // 2) * counts[4] if counts_ok else 0
+    if (atari or counts[4] != 1) and counts_ok:  # bad counts are left to validation
+        target = ATARI_BATCH_SIZE if atari else get("batch_size")
+        implied["batch_size"] = max(1, round(target / slot)) * slot
     if algo == "impala":
         implied["num_epochs"] = 1
     elif algo == "ppo" and counts_ok:
-        implied["batch_size"] = counts[0] * counts[1] * counts[2]
+        implied["batch_size"] = counts[0] * counts[1] * counts[2] * counts[4]
     batch = implied.get("batch_size", get("batch_size"))
     if "batch_size" in implied and "minibatch_size" not in kwargs and batch % get("minibatch_size"):
-        implied["minibatch_size"] = batch
+        # the fewest minibatches at most the default's size that divide the batch in whole
+        # rollouts; the whole batch if none does
+        n = max(1, round(batch / get("minibatch_size")))
+        while n < batch and (batch % n or (batch // n) % counts[2]):
+            n += 1
+        implied["minibatch_size"] = batch // n if n < batch else batch
     return {**preset, **implied, **kwargs}

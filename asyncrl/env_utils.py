@@ -4,14 +4,15 @@ from __future__ import annotations
 import difflib
 import importlib
 import pickle
-from typing import Callable, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
 
 from .config import ConfigError
 from .distributions import make_distribution
-from .spaces import EnvSpec, check_mask, detect_mask_source, read_mask
+from .multiagent import AgentLayout, build_layout, is_parallel_env
+from .spaces import MASK_KEY, EnvSpec, check_mask, detect_mask_source, read_mask
 
 class GymIdFactory:
     """Picklable zero-argument factory for a registered Gymnasium id."""
@@ -72,22 +73,40 @@ def eval_env_factory(factory: Callable) -> Callable:
     return factory
 
 
-def probe_env(factory: Callable) -> EnvSpec:
+def probe_env(factory: Callable, policies: Optional[dict] = None,
+              policy_mapping: Optional[Callable] = None) -> Tuple[EnvSpec, Optional[AgentLayout], dict]:
     """Build one env in the main process, check its spaces, first observation and action mask,
-    close it; returns what the engine derives from its spaces."""
+    close it. Returns what the engine derives from the spaces of the trained policy's agents, the
+    agent layout of a multi-agent env (PettingZoo ParallelEnv; None for a gymnasium.Env) and the
+    trained policy's overrides (``policies[id]`` as a dict)."""
     try:
         env = factory()
     except Exception as e:
         raise ConfigError(f"the env factory {factory!r} failed in the main process: "
                           f"{type(e).__name__}: {e}") from e
-    if not isinstance(env, gym.Env):
+    multi = is_parallel_env(env)
+    if not multi and not isinstance(env, gym.Env):
         raise ConfigError(f"the env factory returned {type(env).__name__}, not a gymnasium.Env "
-                          "(a missing `return`?)")
+                          "nor a PettingZoo ParallelEnv (a missing `return`?)")
+    if not multi and (policies is not None or policy_mapping is not None):
+        env.close()
+        raise ConfigError("policies and policy_mapping apply to multi-agent envs (a PettingZoo "
+                          "ParallelEnv); this env is a single-agent gymnasium.Env")
     try:
-        obs_space, act_space = env.observation_space, env.action_space
+        if multi:
+            layout, obs_space, act_space, overrides = build_layout(env, policies, policy_mapping)
+            observations, infos = env.reset(seed=0)
+            agent = next((a for a in layout.lanes if a in observations), None)
+            if agent is None:
+                raise ConfigError(f"after reset the env's observations hold none of the agents "
+                                  f"{layout.lanes} of the trained policy")
+            obs, info = observations[agent], infos.get(agent, {})
+        else:
+            layout, overrides = None, {}
+            obs_space, act_space = env.observation_space, env.action_space
+            obs, info = env.reset(seed=0)
         dist = make_distribution(act_space)  # unsupported action spaces raise here
-        obs, info = env.reset(seed=0)
-        source = detect_mask_source(env, obs, info)
+        source = _mask_source(obs_space, obs, info) if multi else detect_mask_source(env, obs, info)
         if source is not None and not dist.mask_size:
             raise ConfigError(f"the env provides action masks ({source}) but its action space "
                               f"{act_space} has no discrete part to mask")
@@ -98,9 +117,16 @@ def probe_env(factory: Callable) -> EnvSpec:
                 f"observation_space {obs_space}; fix the env's observation_space or its reset()")
         if source is not None:
             check_mask(read_mask(env, source, obs, info), spec.mask_size, source, act_space)
-        return spec
+        return spec, layout, overrides
     finally:
         env.close()
+
+
+def _mask_source(obs_space: gym.Space, obs: Any, info: dict) -> Optional[str]:
+    """An agent's mask convention: PettingZoo's "action_mask" observation key, or its info's."""
+    if isinstance(obs_space, gym.spaces.Dict) and MASK_KEY in obs_space.spaces:
+        return "obs"
+    return "info" if isinstance(info, dict) and MASK_KEY in info else None
 
 
 def _contains(space: gym.Space, obs) -> bool:

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections import defaultdict, deque
-from typing import Optional
+from typing import Dict, Optional
 
 from .fileio import atomic_open
 from .messages import Report, ReportKind
@@ -32,6 +32,9 @@ class TrainLogger:
         self.verbose, self.log_interval = verbose, log_interval
         self.ep_returns = deque(maxlen=stats_window)
         self.ep_lengths = deque(maxlen=stats_window)
+        self.stats_window = stats_window
+        # rule-based policies of a multi-agent env: policy id -> recent (return, length)
+        self.other_episodes: Dict[str, deque] = {}
         self.num_episodes = 0
         self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
         self.worker_restarts = 0  # rollout worker processes replaced after dying
@@ -59,7 +62,10 @@ class TrainLogger:
     def on_report(self, report: Report) -> None:
         self.last_seen[report.component] = time.monotonic()
         if report.kind is ReportKind.EPISODES:
-            returns, lengths, steps, restarts = report.payload
+            returns, lengths, steps, restarts, others = report.payload
+            for pid, (other_returns, other_lengths) in others.items():
+                window = self.other_episodes.setdefault(pid, deque(maxlen=self.stats_window))
+                window.extend(zip(other_returns, other_lengths))
             self.env_restarts += restarts
             self.ep_returns.extend(returns)
             self.ep_lengths.extend(lengths)
@@ -169,6 +175,10 @@ class TrainLogger:
                "rollout/env_restarts": float(self.env_restarts),
                "rollout/worker_restarts": float(self.worker_restarts),
                "time/collected_env_steps": float(self.collected_env_steps)}  # this train() call
+        for pid, window in self.other_episodes.items():  # rule-based policies
+            if window:
+                out[f"rollout/{pid}/ep_rew_mean"] = sum(r for r, _ in window) / len(window)
+                out[f"rollout/{pid}/ep_len_mean"] = sum(n for _, n in window) / len(window)
         n = max(self.num_updates_since_log, 1)
         for k, v in self.train_sums.items():
             if k == "policy_lag_max":
@@ -188,6 +198,9 @@ class TrainLogger:
         fps = " ".join(f"{self.fps(w):,.0f} ({w}s)" for w in FPS_WINDOWS)
         line = (f"[asyncrl] steps {steps:,} | fps {fps} | ep_rew_mean {self.ep_rew_mean:.1f} "
                 f"(episodes {self.num_episodes:,})")
+        for pid in self.other_episodes:
+            if f"rollout/{pid}/ep_rew_mean" in scalars:
+                line += f" | {pid} ep_rew_mean {scalars[f'rollout/{pid}/ep_rew_mean']:.1f}"
         if "train/policy_lag_mean" in scalars:
             line += (f" | lag mean {scalars['train/policy_lag_mean']:.1f} "
                      f"max {scalars.get('train/policy_lag_max', 0):.0f}")

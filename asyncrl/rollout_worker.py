@@ -9,6 +9,7 @@ import pickle
 import queue
 import time
 import traceback
+from collections import defaultdict
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -18,6 +19,7 @@ from .config import Config
 from .distributions import make_distribution, mask_sizes
 from .ipc import SLOTS_FREED
 from .messages import PolicyRequest, Report, ReportKind
+from .multiagent import AgentLayout
 from .spaces import MASK_KEY, OBS_PREFIX, EnvSpec, ObsWriter, read_mask
 from .timing import StageTimer
 
@@ -27,22 +29,33 @@ REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
 class EnvGroup:
     """Half of a worker's envs and the trajectory slot they are writing."""
 
-    def __init__(self, envs: list, observed: Dict[str, np.ndarray]):
+    def __init__(self, envs: list, observed: Dict[str, np.ndarray], lanes_per_env: int = 1):
         self.envs = envs
         self.slot_idx: Optional[int] = None  # None: waiting for a free slot
         self.t = 0
         # row T of the last slot (observations and mask), the next slot's row 0
-        self.last_obs = {name: np.zeros((len(envs), *a.shape[3:]), a.dtype) for name, a in observed.items()}
+        self.last_obs = {name: np.zeros((len(envs) * lanes_per_env, *a.shape[3:]), a.dtype)
+                         for name, a in observed.items()}
         self.ep_return = [0.0] * len(envs)
         self.ep_length = [0] * len(envs)
         self.failures = [0] * len(envs)  # restarts since the env last completed a step
+        # a multi-agent env's episode: the policy of each agent, its last observation (for a
+        # rule-based policy), return and length so far, and the episode's index (the mapping's)
+        self.policy_of: List[dict] = [{} for _ in envs]
+        self.agent_obs: List[dict] = [{} for _ in envs]
+        self.agent_return: List[dict] = [{} for _ in envs]
+        self.agent_length: List[dict] = [{} for _ in envs]
+        self.episode_idx = [0] * len(envs)
 
 
 class RolloutWorker:
     def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, env_spec: EnvSpec,
-                 buffers: TrajectoryBuffers, ctl: SharedControl, queues, serial: bool = False):
+                 buffers: TrajectoryBuffers, ctl: SharedControl, queues, serial: bool = False,
+                 agents: Optional[AgentLayout] = None):
         self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
-        self.env_spec = env_spec
+        self.env_spec, self.agents = env_spec, agents
+        self.lanes = 1 if agents is None else len(agents.lanes)  # columns per env
+        self.lane_idx = {} if agents is None else {a: k for k, a in enumerate(agents.lanes)}
         self.buffers, self.ctl, self.serial = buffers, ctl, serial
         self.name = f"rollout-{worker_idx}"
         self.policy_idx = worker_idx % cfg.num_policy_workers  # the policy worker it asks
@@ -53,7 +66,9 @@ class RolloutWorker:
         self.timer = StageTimer()
         self.groups: List[EnvGroup] = []
         self.envs: list = []  # every env built so far, closed even if init fails half-way
-        self.episodes: list = []
+        self.episodes: list = []  # (return, length) of the trained policy's episodes
+        self.other_episodes: Dict[str, list] = defaultdict(list)  # rule-based policies' ones
+        self.episodes_started = 0
         self.steps_since_report = 0
         self.env_restarts = 0
         self.trained_seen = 0  # the learner's trained-env-steps counter, last seen
@@ -88,11 +103,11 @@ class RolloutWorker:
         self.action_ready_queue.drain()
         E = cfg.envs_per_group
         for g in range(2):
-            group = EnvGroup([None] * E, self.observed)
+            group = EnvGroup([None] * E, self.observed, self.lanes)
             for i in range(E):
                 seed = (cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
                         + 7_919 * cfg.num_envs_per_worker * self.incarnation) % 2 ** 31
-                self._write(group.last_obs, i, group.envs, *self._start_env(group, i, seed))
+                self._started(group.last_obs, group, i, *self._start_env(group, i, seed))
             self._check_masks(group.last_obs, g)
             self.groups.append(group)
         self.last_report = time.perf_counter()
@@ -152,35 +167,16 @@ class RolloutWorker:
             obs_out = {name: a[slot, t + 1] for name, a in self.observed.items()}
             rewards_out = self.rewards_np[slot, t]
             dones_out, truncated_out = self.dones_np[slot, t], self.truncated_np[slot, t]
-            ep_return, ep_length, failures = group.ep_return, group.ep_length, group.failures
-            for i, env in enumerate(group.envs):
-                try:
-                    obs, reward, terminated, truncated, info = env.step(actions[i])
-                    if failures[i]:  # it works again: not a crash loop
-                        failures[i] = 0
-                    ep_return[i] += reward
-                    ep_length[i] += 1
-                    done = terminated or truncated
-                    if done:
-                        # An env may end learning episodes inside one game (Atari's episodic
-                        # life): the logged return is the whole game's, until info["game_over"].
-                        if info.get("game_over", True):
-                            self.episodes.append((ep_return[i], ep_length[i]))
-                            ep_return[i], ep_length[i] = 0.0, 0
-                        obs, info = env.reset()
-                except Exception:
-                    if self.cfg.on_env_error == "abort":
-                        raise
-                    obs, info, reward, done, terminated, truncated = self._restart_env(group, i, slot, t)
-                self._write(obs_out, i, group.envs, obs, info)
-                rewards_out[i] = reward
-                dones_out[i] = done
-                truncated_out[i] = truncated and not terminated
+            if self.agents is not None:
+                for i, env in enumerate(group.envs):
+                    self._step_agents(group, i, env, actions, obs_out, slot, t)
+            else:
+                self._step_envs(group, actions, obs_out, rewards_out, dones_out, truncated_out, slot, t)
         if self.state_np is not None and dones_out.any():  # also after an env restart
             self.state_np[slot, t + 1][dones_out] = 0
         self._check_finite(rewards_out, obs_out, group_idx)
         self._check_masks(obs_out, group_idx)
-        self.steps_since_report += len(group.envs)
+        self.steps_since_report += len(dones_out)
         group.t = t + 1
         if group.t < self.cfg.rollout:
             self._request(group_idx)
@@ -194,6 +190,34 @@ class RolloutWorker:
         group.slot_idx = None
         self._claim_slots()
 
+    def _step_envs(self, group: EnvGroup, actions: list, obs_out: dict, rewards_out: np.ndarray,
+                   dones_out: np.ndarray, truncated_out: np.ndarray, slot: int, t: int) -> None:
+        """Step a group of single-agent envs, writing row t (and the observations of t + 1)."""
+        ep_return, ep_length, failures = group.ep_return, group.ep_length, group.failures
+        for i, env in enumerate(group.envs):
+            try:
+                obs, reward, terminated, truncated, info = env.step(actions[i])
+                if failures[i]:  # it works again: not a crash loop
+                    failures[i] = 0
+                ep_return[i] += reward
+                ep_length[i] += 1
+                done = terminated or truncated
+                if done:
+                    # An env may end learning episodes inside one game (Atari's episodic
+                    # life): the logged return is the whole game's, until info["game_over"].
+                    if info.get("game_over", True):
+                        self.episodes.append((ep_return[i], ep_length[i]))
+                        ep_return[i], ep_length[i] = 0.0, 0
+                    obs, info = env.reset()
+            except Exception:
+                if self.cfg.on_env_error == "abort":
+                    raise
+                obs, info, reward, done, terminated, truncated = self._restart_env(group, i, slot, t)
+            self._write(obs_out, i, group.envs, obs, info)
+            rewards_out[i] = reward
+            dones_out[i] = done
+            truncated_out[i] = truncated and not terminated
+
     def _restart_env(self, group: EnvGroup, i: int, slot: int, t: int) -> tuple:
         """The env raised in step or reset: replace it with a new one and drop the samples it
         wrote into this slot (policy version -1: the learner masks them), so the broken
@@ -201,9 +225,102 @@ class RolloutWorker:
         and info, reward 0, done (nothing bootstraps across), terminated, not truncated."""
         self._count_failure(group, i, traceback.format_exc())
         obs, info = self._start_env(group, i, seed=int(np.random.randint(2 ** 31)))
-        self.versions_np[slot, :t + 1, i] = -1
+        self.versions_np[slot, :t + 1, i * self.lanes:(i + 1) * self.lanes] = -1
         group.ep_return[i], group.ep_length[i] = 0.0, 0
         return obs, info, 0.0, True, True, False
+
+    def _started(self, views: Dict[str, np.ndarray], group: EnvGroup, i: int, obs, info) -> None:
+        """Env ``i`` was (re)built and reset: write its first observation (a multi-agent env's
+        episode begins: its agents are mapped to policies)."""
+        if self.agents is None:
+            self._write(views, i, group.envs, obs, info)
+            return
+        self.episodes_started += 1
+        group.episode_idx[i] = self.episodes_started * self.cfg.num_workers + self.worker_idx
+        group.policy_of[i], group.agent_return[i], group.agent_length[i] = {}, {}, {}
+        self._write_agents(views, group, i, obs, info)
+
+    # --- multi-agent envs (see multiagent): one column per lane, idle lanes masked -----------
+    def _step_agents(self, group: EnvGroup, i: int, env, actions: list, obs_out: dict,
+                     slot: int, t: int) -> None:
+        """Step one ParallelEnv: its trained agents act from their lanes' actions, rule-based
+        ones from their functions; row t of its lanes is written (idle lanes: masked, done),
+        and the observations of t + 1."""
+        layout, policy_of, col0 = self.agents, group.policy_of[i], i * self.lanes
+        acting = {}
+        for a in env.agents:  # user code first (outside the env's try: its errors are not the env's)
+            pid = policy_of[a]
+            acting[a] = (actions[col0 + self.lane_idx[a]] if pid == layout.policy_id
+                         else layout.act_rule_based(pid, a, group.agent_obs[i][a]))
+        rewards_out, dones_out = self.rewards_np[slot, t], self.dones_np[slot, t]
+        truncated_out, versions_out = self.truncated_np[slot, t], self.versions_np[slot, t]
+        try:
+            observations, rewards, terms, truncs, infos = env.step(acting)
+            group.failures[i] = 0
+        except Exception:
+            if self.cfg.on_env_error == "abort":
+                raise
+            self._started(obs_out, group, i, *self._restart_env(group, i, slot, t)[:2])
+            cols = slice(col0, col0 + self.lanes)
+            rewards_out[cols], dones_out[cols], truncated_out[cols] = 0.0, True, False
+            return
+        for k, a in enumerate(layout.lanes):
+            col = col0 + k
+            if a in acting and policy_of[a] == layout.policy_id:
+                term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
+                rewards_out[col] = rewards.get(a, 0.0)
+                dones_out[col] = term or trunc or a not in env.agents
+                truncated_out[col] = trunc and not term
+            else:  # idle: this agent is gone, or plays another policy in this episode
+                rewards_out[col], dones_out[col], truncated_out[col] = 0.0, True, False
+                versions_out[col] = -1
+        self._count_agent_episodes(group, i, env, acting, rewards, terms, truncs)
+        if not env.agents:
+            try:
+                observations, infos = env.reset()
+            except Exception:
+                if self.cfg.on_env_error == "abort":
+                    raise
+                observations, infos = self._restart_env(group, i, slot, t)[:2]
+            self._started(obs_out, group, i, observations, infos)
+        else:
+            self._write_agents(obs_out, group, i, observations, infos)
+
+    def _count_agent_episodes(self, group: EnvGroup, i: int, env, acting: dict, rewards: dict,
+                              terms: dict, truncs: dict) -> None:
+        returns, lengths = group.agent_return[i], group.agent_length[i]
+        for a in acting:
+            returns[a] = returns.get(a, 0.0) + float(rewards.get(a, 0.0))
+            lengths[a] = lengths.get(a, 0) + 1
+            if terms.get(a) or truncs.get(a) or a not in env.agents:
+                pid = group.policy_of[i][a]
+                done = (self.episodes if pid == self.agents.policy_id else self.other_episodes[pid])
+                done.append((returns.pop(a), lengths.pop(a)))
+
+    def _write_agents(self, views: Dict[str, np.ndarray], group: EnvGroup, i: int,
+                      observations: dict, infos: dict) -> None:
+        """Map agents new to this episode, then write the observations of the trained policy's
+        agents into their lanes (an idle lane's mask allows everything: it is never checked)."""
+        layout, policy_of = self.agents, group.policy_of[i]
+        for a in observations:
+            if a not in policy_of:
+                pid = policy_of[a] = layout.policy_of(a, group.episode_idx[i])
+                if pid == layout.policy_id and a not in self.lane_idx:
+                    raise ValueError(
+                        f"policy_mapping({a!r}) returned the trained policy {pid!r} in episode "
+                        f"{group.episode_idx[i]}, but not when the run started, so {a!r} has no "
+                        "lane: a one-argument mapping must always give the same answer; take "
+                        "the episode as a second argument, fn(agent_id, episode_idx)")
+        group.agent_obs[i] = observations
+        col0 = i * self.lanes
+        for k, a in enumerate(layout.lanes):
+            if a in observations and policy_of[a] == layout.policy_id:
+                self.write_obs(views, col0 + k, observations[a])
+                if self.mask_source == "info":
+                    views[MASK_KEY][col0 + k] = np.asarray(
+                        read_mask(None, "info", None, infos.get(a, {})), bool).reshape(-1)
+            elif MASK_KEY in views:
+                views[MASK_KEY][col0 + k] = True
 
     def _write(self, views: Dict[str, np.ndarray], i: int, envs: list, obs, info) -> None:
         """Env ``i``'s observation (and the mask of its legal actions) into ``views``."""
@@ -220,10 +337,12 @@ class RolloutWorker:
         ok = np.add.reduceat(views[MASK_KEY], starts, axis=1) > 0
         if ok.all():
             return
-        i = int(np.flatnonzero(~ok.all(axis=1))[0])
-        env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * len(ok) + i
-        raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}): its action mask "
-                         f"allows no action in dimension {int(np.flatnonzero(~ok[i])[0])}; every "
+        col = int(np.flatnonzero(~ok.all(axis=1))[0])
+        i = col // self.lanes
+        env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * self.cfg.envs_per_group + i
+        agent = "" if self.agents is None else f", agent {self.agents.lanes[col % self.lanes]!r}"
+        raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}{agent}): its action mask "
+                         f"allows no action in dimension {int(np.flatnonzero(~ok[col])[0])}; every "
                          "observation needs at least one legal action per dimension")
 
     def _start_env(self, group: EnvGroup, i: int, seed: int) -> tuple:
@@ -244,7 +363,8 @@ class RolloutWorker:
                 env = self.make_env()
                 self.envs.append(env)
                 group.envs[i] = env
-                env.action_space.seed(seed)
+                if self.agents is None:  # a ParallelEnv's action_space is a method
+                    env.action_space.seed(seed)
                 return env.reset(seed=seed)
             except Exception:
                 if self.cfg.on_env_error == "abort":
@@ -269,9 +389,12 @@ class RolloutWorker:
         bad_obs = np.zeros(len(rewards), bool)
         for n in self.float_obs:
             bad_obs |= ~np.isfinite(obs[n].reshape(len(rewards), -1)).all(axis=1)
-        i = int(np.flatnonzero(bad_reward | bad_obs)[0])
-        what = f"reward {rewards[i]}" if bad_reward[i] else "observation with NaN/Inf"
-        env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * len(rewards) + i
+        col = int(np.flatnonzero(bad_reward | bad_obs)[0])
+        i = col // self.lanes
+        what = f"reward {rewards[col]}" if bad_reward[col] else "observation with NaN/Inf"
+        if self.agents is not None:
+            what += f" for agent {self.agents.lanes[col % self.lanes]!r}"
+        env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * self.cfg.envs_per_group + i
         raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}: "
                          f"{self.groups[group_idx].envs[i]}) returned a non-finite {what}")
 
@@ -330,9 +453,13 @@ class RolloutWorker:
     def report(self) -> None:
         returns = [r for r, _ in self.episodes]
         lengths = [n for _, n in self.episodes]
+        others = {pid: ([r for r, _ in eps], [n for _, n in eps])
+                  for pid, eps in self.other_episodes.items()}
         self.report_queue.put(Report(ReportKind.EPISODES, self.name,
-                                     (returns, lengths, self.steps_since_report, self.env_restarts)))
+                                     (returns, lengths, self.steps_since_report, self.env_restarts,
+                                      others)))
         self.env_restarts = 0
+        self.other_episodes.clear()
         self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
         self.episodes.clear()
         self.steps_since_report = 0

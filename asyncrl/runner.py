@@ -38,6 +38,7 @@ from .learner import Learner, snapshot_path
 from .logger import TrainLogger
 from .messages import Report, ReportKind
 from .models import PolicySpec
+from .multiagent import AgentLayout
 from .policy_worker import PolicyWorker
 from .rollout_worker import RolloutWorker
 
@@ -322,11 +323,12 @@ class Runner:
     collection or interpreter exit."""
 
     def __init__(self, cfg: Config, env_factory: Callable, policy_spec: PolicySpec, device: str,
-                 model: torch.nn.Module, optimizer_path: str, logger: TrainLogger, graph_idx: int = 0):
+                 model: torch.nn.Module, optimizer_path: str, logger: TrainLogger, graph_idx: int = 0,
+                 agents: Optional[AgentLayout] = None):
         # A graph started after an error draws fresh env resets and sampling noise.
         self.base_cfg = cfg
         self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * graph_idx) % 2 ** 31)
-        self.env_factory, self.device = env_factory, device
+        self.env_factory, self.device, self.agents = env_factory, device, agents
         self.policy_spec = policy_spec
         self.optimizer_path, self.logger = optimizer_path, logger
         self.version = self.trained_env_steps = None  # set by run()
@@ -369,7 +371,7 @@ class Runner:
         common = dict(cfg=self.cfg, buffers=self.buffers, ctl=self.ctl, queues=self.queues,
                       serial=serial)
         out = [(f"rollout-{i}", Make(RolloutWorker, worker_idx=i, env_factory=pickle.dumps(self.env_factory),
-                                     env_spec=self.policy_spec.env, **common))
+                                     env_spec=self.policy_spec.env, agents=self.agents, **common))
                for i in range(self.cfg.num_workers)]
         out += [(f"policy-{p}", Make(PolicyWorker, policy_idx=p, policy_spec=self.policy_spec,
                                      device=self.device, weights=self.weights, **common))

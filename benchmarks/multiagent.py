@@ -1,0 +1,149 @@
+"""Multi-agent envs (PettingZoo ParallelEnv): learning curves and throughput.
+
+    python benchmarks/multiagent.py [--steps 2000000] [--bot_steps 200000] [--seconds 60]
+
+- ``simple_spread``: MPE2's simple_spread_v3 (3 agents, 25 steps, discrete actions), every agent
+  playing one shared policy (``APPO(make_simple_spread)``, nothing else set), for ``--steps`` agent
+  steps; its training return (``rollout/ep_rew_mean``, per agent) against agent steps, and 100
+  greedy episodes after, beside random play's return.
+- ``best response``: repeated rock-paper-scissors against a rule-based bot that cycles rock,
+  paper, scissors; the hero sees the bot's last move, so its best response (+5 an episode) is a
+  function of what it sees. The bot runs in the rollout workers.
+- throughput: simple_spread's raw rate (random actions, one env per process, 2 processes) and
+  asyncrl's rate once warm, both in agent steps per second.
+
+Writes ``benchmarks/results/multiagent_learning.{csv,json,png}``. Needs ``pip install mpe2``.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import time
+
+import sys
+
+import numpy as np
+from _common import plot_curves, write_runs
+
+from asyncrl import APPO
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the tests' small ParallelEnvs
+from ma_envs import RepeatedRPS  # noqa: E402
+RESULTS = os.path.join(HERE, "results")
+
+
+def make_simple_spread():
+    from mpe2 import simple_spread_v3
+    return simple_spread_v3.parallel_env(max_cycles=25)
+
+
+def cycling_bot(obs):
+    """Rock first, then the move after its last one (rock, paper, scissors, rock, ...). The hero
+    sees the bot's last move as a one-hot (zeros before the first)."""
+    return 0 if not obs.any() else (int(np.argmax(obs)) + 1) % 3
+
+
+def make_rps():
+    return RepeatedRPS(rounds=5)
+
+
+def random_return(make, episodes: int = 100) -> float:
+    env = make()
+    total = []
+    for ep in range(episodes):
+        env.reset(seed=ep)
+        ret = {}
+        while env.agents:
+            acts = {a: env.action_space(a).sample() for a in env.agents}
+            _, rewards, _, _, _ = env.step(acts)
+            for a, r in rewards.items():
+                ret[a] = ret.get(a, 0.0) + r
+        total.append(np.mean(list(ret.values())))
+    return float(np.mean(total))
+
+
+def _raw(seconds: float, out) -> None:
+    env = make_simple_spread()
+    env.reset(seed=0)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        if not env.agents:
+            env.reset()
+        acts = {a: env.action_space(a).sample() for a in env.agents}
+        env.step(acts)
+        n += len(acts)
+    out.put(n / (time.perf_counter() - t0))
+
+
+def raw_agent_rate(processes: int = 2, seconds: float = 10.0) -> float:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_raw, args=(seconds, q)) for _ in range(processes)]
+    for p in ps:
+        p.start()
+    rates = [q.get() for _ in ps]
+    for p in ps:
+        p.join()
+    return float(sum(rates))
+
+
+def learn(make, steps: int, label: str, **kwargs) -> dict:
+    curve, t0 = [], time.perf_counter()
+
+    def record(model):
+        curve.append((model.num_timesteps, time.perf_counter() - t0, model.logger.ep_rew_mean))
+
+    with APPO(make, verbose=0, **kwargs) as model:
+        model.train(steps, callback=record, callback_interval=2.0)
+        record(model)
+        seconds = time.perf_counter() - t0
+        final, final_std = model.evaluate(100, seed=10_000)
+    print(f"{label}: {steps:,} agent steps in {seconds:.0f} s ({steps / seconds:,.0f}/s); greedy "
+          f"return {final:.2f} +- {final_std:.2f}", flush=True)
+    return dict(task=label, curve=curve, seconds=seconds, final=final, final_std=final_std)
+
+
+def throughput(seconds: float) -> dict:
+    """asyncrl's rate on simple_spread after a warm-up, beside the raw rate."""
+    marks = []
+
+    def mark(model):  # (time, agent steps trained); stops after warm-up + seconds
+        marks.append((time.perf_counter(), model.num_timesteps))
+        return marks[-1][0] - marks[0][0] < seconds + 10
+
+    with APPO(make_simple_spread, verbose=0) as model:
+        model.train(10**9, callback=mark, callback_interval=1.0)
+    (t0, n0), (t1, n1) = next(m for m in marks if m[0] - marks[0][0] >= 10), marks[-1]
+    rate = (n1 - n0) / (t1 - t0)
+    raw = raw_agent_rate()
+    print(f"throughput: asyncrl {rate:,.0f} agent steps/s, raw env (2 processes, random actions) "
+          f"{raw:,.0f}: {rate / raw:.2f} of raw", flush=True)
+    return dict(asyncrl=rate, raw=raw, ratio=rate / raw)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=2_000_000)
+    ap.add_argument("--bot_steps", type=int, default=200_000)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    args = ap.parse_args()
+    os.makedirs(RESULTS, exist_ok=True)
+    rate = throughput(args.seconds)
+    random_spread, random_rps = random_return(make_simple_spread), 0.0
+    runs = [learn(make_simple_spread, args.steps, "simple_spread (shared policy)", seed=0),
+            learn(make_rps, args.bot_steps, "RPS against a cycling bot", seed=0,
+                  policies={"hero": None, "bot": cycling_bot},
+                  policy_mapping=lambda agent: "hero" if agent == "player_0" else "bot")]
+    runs[0]["random"], runs[1]["random"] = random_spread, random_rps
+    print(f"random play: simple_spread {random_spread:.2f}, RPS 0 (in expectation)")
+    out = os.path.join(RESULTS, "multiagent_learning")
+    write_runs(out, {"throughput": rate}, runs, ["task"], ["agent_steps", "seconds", "ep_rew_mean"])
+    plot_curves(runs, "task", lambda task: task, lambda r: ("C0", f"asyncrl (random {r['random']:.1f})"),
+                "agent steps", "training return (per agent)", "asyncrl, multi-agent (2 cores)",
+                out + ".png")
+
+
+if __name__ == "__main__":
+    main()

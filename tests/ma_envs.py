@@ -1,0 +1,214 @@
+"""Small PettingZoo ParallelEnvs for the multi-agent tests (fast, no rendering)."""
+import functools
+
+import gymnasium as gym
+import numpy as np
+from pettingzoo import ParallelEnv
+
+ROCK, PAPER, SCISSORS = 0, 1, 2
+
+
+class RepeatedRPS(ParallelEnv):
+    """Rock-paper-scissors, ``rounds`` rounds an episode: +1 to the winner of a round, -1 to the
+    loser. Each player sees the other's last move (one-hot; zeros at the start)."""
+
+    metadata = {"name": "repeated_rps"}
+
+    def __init__(self, rounds: int = 5):
+        self.rounds = rounds
+        self.possible_agents = ["player_0", "player_1"]
+        self.agents = []
+
+    @functools.lru_cache(maxsize=None)
+    def observation_space(self, agent):
+        return gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+
+    @functools.lru_cache(maxsize=None)
+    def action_space(self, agent):
+        return gym.spaces.Discrete(3)
+
+    def _obs(self, last: dict):
+        out = {}
+        for a, other in zip(self.possible_agents, reversed(self.possible_agents)):
+            o = np.zeros(3, np.float32)
+            if other in last:
+                o[int(last[other])] = 1.0
+            out[a] = o
+        return out
+
+    def reset(self, seed=None, options=None):
+        self.agents, self.t = list(self.possible_agents), 0
+        return self._obs({}), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        a0, a1 = int(actions["player_0"]), int(actions["player_1"])
+        win = (a0 - a1) % 3  # 1: player_0 wins, 2: player_1 wins
+        r0 = 1.0 if win == 1 else -1.0 if win == 2 else 0.0
+        self.t += 1
+        end = self.t >= self.rounds
+        obs = self._obs(actions)
+        rewards = {"player_0": r0, "player_1": -r0}
+        terms = {a: False for a in self.agents}
+        truncs = {a: end for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if end:
+            self.agents = []
+        return obs, rewards, terms, truncs, infos
+
+
+def rps():
+    return RepeatedRPS()
+
+
+def rock_bot(obs):
+    return ROCK
+
+
+class Leaving(ParallelEnv):
+    """Agents ``a0``..``a{n-1}``: agent k is terminated after k + 1 steps (the others play on);
+    each step it is in, an agent is rewarded 1 for repeating its cue (0 or 1, in its obs).
+    ``fail_every``: every that many steps the env raises (a crash, for restart tests)."""
+
+    metadata = {"name": "leaving"}
+
+    def __init__(self, n: int = 3, fail_every: int = 0):
+        self.possible_agents = [f"a{k}" for k in range(n)]
+        self.agents = []
+        self.fail_every, self.steps = fail_every, 0
+        self.rng = np.random.default_rng(0)
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2)
+
+    def _obs(self):
+        self.cues = {a: int(self.rng.integers(2)) for a in self.agents}
+        return {a: np.eye(2, dtype=np.float32)[c] for a, c in self.cues.items()}
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.steps += 1
+        if self.fail_every and self.steps % self.fail_every == 0:
+            raise RuntimeError("Leaving: injected failure")
+        assert set(actions) == set(self.agents), (sorted(actions), self.agents)
+        self.t += 1
+        rewards = {a: float(int(actions[a]) == self.cues[a]) for a in self.agents}
+        terms = {a: self.t >= int(a[1:]) + 1 for a in self.agents}
+        truncs = {a: False for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        self.agents = [a for a in self.agents if not terms[a]]
+        obs = self._obs()
+        for a in terms:  # a leaving agent's last observation
+            obs.setdefault(a, np.zeros(2, np.float32))
+        return obs, rewards, terms, truncs, infos
+
+
+def leaving():
+    return Leaving()
+
+
+def leaving_failing():
+    return Leaving(fail_every=23)
+
+
+class TwoShapes(ParallelEnv):
+    """Agent "small" sees a Box(3) and picks Discrete(2); "big" sees a Box(5) and picks
+    Discrete(4). One step an episode, reward 1 each."""
+
+    metadata = {"name": "two_shapes"}
+    possible_agents = ["small", "big"]
+
+    def __init__(self):
+        self.agents = []
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(0.0, 1.0, (3 if agent == "small" else 5,), np.float32)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2 if agent == "small" else 4)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        return ({a: np.zeros(self.observation_space(a).shape, np.float32) for a in self.agents},
+                {a: {} for a in self.agents})
+
+    def step(self, actions):
+        assert actions["small"] in (0, 1) and actions["big"] in range(4)
+        obs = {a: np.zeros(self.observation_space(a).shape, np.float32) for a in self.agents}
+        done = {a: True for a in self.agents}
+        self.agents = []
+        return obs, {a: 1.0 for a in done}, done, {a: False for a in done}, {a: {} for a in done}
+
+
+def two_shapes():
+    return TwoShapes()
+
+
+class TicTacToe(ParallelEnv):
+    """Tic-tac-toe as a ParallelEnv: both players act every step, only the mover's action
+    counts. Observation: {"observation": the board from the player's side (own marks 1,
+    the other's -1) and whose turn it is, "action_mask": the empty cells when it is this
+    player's turn, any cell otherwise}. +1 to the winner, -1 to the loser, 0 a draw.
+    ``first``: who moves first; alternate it (options={"first": ...}) for fair games."""
+
+    metadata = {"name": "tictactoe_parallel"}
+    possible_agents = ["player_0", "player_1"]
+    LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+
+    def __init__(self):
+        self.agents = []
+        self.games = 0
+
+    def observation_space(self, agent):
+        return gym.spaces.Dict({"observation": gym.spaces.Box(-1.0, 1.0, (10,), np.float32),
+                                "action_mask": gym.spaces.MultiBinary(9)})
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(9)
+
+    def _obs(self):
+        out = {}
+        for k, a in enumerate(self.possible_agents):
+            sign = 1.0 if k == 0 else -1.0
+            turn = 1.0 if self.mover == k else 0.0
+            mask = (self.board == 0) if self.mover == k else np.ones(9, bool)
+            out[a] = {"observation": np.append(self.board * sign, turn).astype(np.float32),
+                      "action_mask": mask.astype(np.int8)}
+        return out
+
+    def reset(self, seed=None, options=None):
+        self.board = np.zeros(9, np.float32)
+        first = (options or {}).get("first")
+        self.mover = self.games % 2 if first is None else first
+        self.games += 1
+        self.agents = list(self.possible_agents)
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        k = self.mover
+        cell = int(actions[self.possible_agents[k]])
+        assert self.board[cell] == 0, "an illegal move got through the mask"
+        self.board[cell] = 1.0 if k == 0 else -1.0
+        won = any(abs(self.board[list(line)].sum()) == 3 for line in self.LINES)
+        end = won or not (self.board == 0).any()
+        rewards = {a: 0.0 for a in self.agents}
+        if won:
+            rewards[self.possible_agents[k]], rewards[self.possible_agents[1 - k]] = 1.0, -1.0
+        self.mover = 1 - k
+        obs = self._obs()
+        terms = {a: end for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if end:
+            self.agents = []
+        return obs, rewards, terms, {a: False for a in terms}, infos
+
+
+def tictactoe():
+    return TicTacToe()

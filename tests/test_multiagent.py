@@ -1,0 +1,177 @@
+"""Multi-agent envs (PettingZoo ParallelEnv): a shared policy, a trained policy beside rule-based
+ones, the mapping (fixed or per episode), agents that leave mid-episode, different spaces per
+policy, parameters keyed by policy id, env crashes and clean shutdown."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import ma_envs
+from asyncrl import APPO, ConfigError
+from asyncrl.learner import Learner
+from test_multiprocess import worker_children
+
+FAST = dict(num_workers=2, num_envs_per_worker=4, rollout=8, learning_rate=3e-3, ent_coef=0.01,
+            seed=0, verbose=0)
+
+
+@pytest.fixture
+def batches(monkeypatch):
+    """Every batch the (serial-mode) learner trains on."""
+    seen = []
+    original = Learner.train_on
+
+    def train_on(self, batch):
+        seen.append(batch)
+        return original(self, batch)
+
+    monkeypatch.setattr(Learner, "train_on", train_on)
+    return seen
+
+
+def hero_vs_bot(agent_id):
+    return "hero" if agent_id == "player_0" else "bot"
+
+
+@pytest.mark.timeout(60)
+def test_a_shared_policy_plays_every_agent_and_learns():
+    """No policies given: every agent has a lane of the one policy, the single-policy keys stay."""
+    with APPO(ma_envs.leaving, serial_mode=True, **FAST) as model:
+        assert model.config.lanes_per_env == 3
+        assert model.config.batch_size % (8 * 2 * 3) == 0
+        before = model.evaluate(20, seed=0)[0]
+        model.train(15_000)
+        after = model.evaluate(20, seed=0)[0]
+        assert set(model.get_parameters()) == {"policy", "policy.optimizer"}
+    # agents stay 1, 2, 3 steps: a perfect policy's mean return is 2, random play's 1
+    assert before < 1.5 and after > 1.9
+
+
+@pytest.mark.timeout(60)
+def test_agents_leaving_mid_episode_are_masked_in_their_lanes(batches):
+    with APPO(ma_envs.leaving, serial_mode=True, **FAST) as model:
+        model.train(2_000)
+    checked = 0
+    for b in batches:
+        # a0 leaves after 1 step, a1 after 2, a2 after 3; an episode lasts 3 steps. Lane k of an
+        # env acts at steps 0..k of each episode and idles (version -1, done) after.
+        versions = b.policy_versions.view(b.policy_versions.shape[0], -1, 3)  # [T, envs, lanes]
+        dones = b.dones.view_as(versions)
+        acting = versions >= 0
+        assert bool(dones[~acting].all())
+        assert bool((~acting[..., 0] | acting[..., 1]).all())  # a1 outlasts a0, a2 outlasts a1
+        assert bool((~acting[..., 1] | acting[..., 2]).all())
+        in_env = acting.sum(-1)  # agents in each env, step after step: 3, 2, 1, 3, 2, 1, ...
+        nxt = {3: 2, 2: 1, 1: 3}
+        assert all(nxt[int(a)] == int(b) for a, b in zip(in_env[:-1].flatten(), in_env[1:].flatten()))
+        checked += int(acting.sum())
+    assert checked > 1000
+
+
+@pytest.mark.timeout(60)
+def test_a_trained_policy_learns_the_best_response_to_a_rule_based_one():
+    """The bot always plays rock (a picklable function, run in the rollout workers); the hero
+    learns paper: +1 a round. Both policies' returns are logged."""
+    with APPO(ma_envs.rps, policies={"hero": None, "bot": ma_envs.rock_bot},
+              policy_mapping=hero_vs_bot, serial_mode=True, **FAST) as model:
+        assert model.config.lanes_per_env == 1  # a fixed mapping: only the hero's agent has a lane
+        model.train(6_000)
+        score, _ = model.evaluate(10, seed=0, policy_id="hero")
+        bot_score, _ = model.evaluate(10, seed=0, policy_id="bot")
+        scalars = model.logger.scalars()
+        obs = np.zeros(3, np.float32)
+        assert model.predict(obs, policy_id="bot")[0] == ma_envs.ROCK
+        assert int(model.predict(obs, policy_id="hero", deterministic=True)[0]) == ma_envs.PAPER
+    assert score == 5.0 and bot_score == -5.0
+    assert scalars["rollout/ep_rew_mean"] > 3.0 and scalars["rollout/bot/ep_rew_mean"] < -3.0
+
+
+@pytest.mark.timeout(60)
+def test_a_per_episode_mapping_gives_every_agent_a_lane_and_masks_the_idle_ones(batches):
+    """fn(agent_id, episode_idx) (a lambda): the hero plays seat 0 in even episodes, seat 1 in
+    odd ones, so both seats have lanes, each idle in half of the episodes."""
+    mapping = lambda agent, episode: "hero" if int(agent[-1]) == episode % 2 else "bot"  # noqa: E731
+    with APPO(ma_envs.rps, policies={"hero": None, "bot": ma_envs.rock_bot},
+              policy_mapping=mapping, serial_mode=True, **FAST) as model:
+        assert model.config.lanes_per_env == 2
+        model.train(12_000)
+        seat_scores = [model.evaluate(1, seed=0, policy_id="hero")[0],  # episode 0: seat 0
+                       model.evaluate(2, seed=0, policy_id="hero")[0]]  # and 1: seat 1
+    acting = torch.cat([(b.policy_versions >= 0).float().flatten() for b in batches])
+    assert 0.4 < float(acting.mean()) < 0.6
+    assert seat_scores == [5.0, 5.0]
+
+
+@pytest.mark.timeout(60)
+def test_agents_with_different_spaces_map_to_different_policies():
+    with pytest.raises(ConfigError, match="spaces differ"):
+        APPO(ma_envs.two_shapes, serial_mode=True, **FAST)
+    small_only = lambda agent: "learner" if agent == "small" else "fixed"  # noqa: E731
+    with APPO(ma_envs.two_shapes, policies={"learner": {"learning_rate": 1e-3}, "fixed": lambda obs: 3},
+              policy_mapping=small_only, serial_mode=True, **FAST) as model:
+        assert model.observation_space.shape == (3,) and model.action_space.n == 2
+        assert model.config.learning_rate == 1e-3  # the policy's own override
+        model.train(500)
+        assert model.evaluate(3, policy_id="fixed")[0] == 1.0
+
+
+@pytest.mark.timeout(60)
+def test_parameters_are_keyed_by_policy_id_and_round_trip(tmp_path):
+    kw = dict(policies={"hero": None, "bot": ma_envs.rock_bot}, policy_mapping=hero_vs_bot,
+              serial_mode=True, **FAST)
+    with APPO(ma_envs.rps, **kw) as trained, APPO(ma_envs.rps, **{**kw, "seed": 1}) as fresh:
+        trained.train(1_000)
+        params = trained.get_parameters()
+        assert set(params) == {"hero", "hero.optimizer"}
+        trained.save(tmp_path / "hero.pt")
+        fresh.set_parameters({"hero": str(tmp_path / "hero.pt")})  # a checkpoint path per id
+        for k, v in params["hero"].items():
+            assert torch.equal(fresh.get_parameters()["hero"][k], v)
+        with pytest.raises(KeyError, match="rule-based"):
+            fresh.set_parameters({"bot": params["hero"]})
+        with pytest.raises(KeyError, match="unknown parameter group"):
+            fresh.set_parameters({"villain": params["hero"]})
+        fresh.train(500)  # trains on from the weights it was given
+        loaded = APPO.load(tmp_path / "hero.pt")  # the mapping and the bot come back
+        assert loaded.agents.policy_of("player_1", 0) == "bot"
+        obs = np.zeros(3, np.float32)
+        assert loaded.predict(obs, policy_id="bot")[0] == ma_envs.ROCK
+        for k, v in params["hero"].items():
+            assert torch.equal(loaded.policy.state_dict()[k], v)
+        loaded.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", ["two_trained", "unknown_id", "mapping_raises", "unpicklable",
+                                  "no_mapping", "single_agent", "lanes"])
+def test_bad_multi_agent_settings_fail_early_and_say_what_to_change(case):
+    lock = threading.Lock()
+    env, kw, match = ma_envs.rps, dict(policies={"hero": None, "bot": ma_envs.rock_bot},
+                                       policy_mapping=hero_vs_bot), None
+    if case == "two_trained":
+        kw["policies"], match = {"hero": None, "villain": {}}, "exactly one policy"
+    elif case == "unknown_id":
+        kw["policy_mapping"], match = (lambda agent: "nobody"), "not among the policies"
+    elif case == "mapping_raises":
+        kw["policy_mapping"], match = (lambda agent: {}[agent]), "policy_mapping failed for agent"
+    elif case == "unpicklable":
+        kw["policies"], match = {"hero": None, "bot": lambda obs, lock=lock: 0}, "cannot be pickled"
+    elif case == "no_mapping":
+        del kw["policy_mapping"]
+        match = "no policy_mapping"
+    elif case == "single_agent":
+        env, match = "CartPole-v1", "single-agent"
+    else:
+        kw, match = {"lanes_per_env": 5}, "set by the engine"
+    with pytest.raises((ConfigError, RuntimeError, ValueError), match=match):
+        APPO(env, serial_mode=True, **FAST, **kw)
+
+
+@pytest.mark.timeout(90)
+def test_in_worker_processes_a_crashing_env_is_restarted_and_nothing_is_left():
+    with APPO(ma_envs.leaving_failing, **{**FAST, "max_env_restarts": 3}) as model:
+        model.train(6_000)
+        assert model.logger.env_restarts > 0
+        assert model.num_timesteps >= 6_000
+    assert worker_children() == []
