@@ -85,7 +85,8 @@ class APPO:
                  policies: Optional[dict] = None, policy_mapping: Optional[Callable] = None,
                  **kwargs):
         self.env_factory = make_env_factory(env, env_kwargs)
-        env_spec, self.agents, overrides = probe_env(self.env_factory, policies, policy_mapping)
+        probed = probe_env(self.env_factory, policies, policy_mapping)
+        env_spec, overrides, self.agents = probed.env_spec, dict(probed.overrides), probed.agents
         self.policies, self.policy_mapping = policies, policy_mapping
         self.policy_id = DEFAULT_POLICY if self.agents is None else self.agents.policy_id
         policy_kwargs = overrides.pop("policy_kwargs", policy_kwargs)
@@ -113,7 +114,13 @@ class APPO:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
             self.policy = build_checked(self.policy_spec, self.config)
-        self.policy.eval()
+            # frozen policies: the trained one's model unless they name their own
+            self.frozen_specs = {pid: PolicySpec(spec, own.get("policy", policy),
+                                                 dict(own.get("policy_kwargs", policy_kwargs) or {}))
+                                 for pid, (spec, own) in probed.frozen.items()}
+            self.frozen = {pid: build_checked(spec, self.config) for pid, spec in self.frozen_specs.items()}
+        for model in (self.policy, *self.frozen.values()):
+            model.eval()
         self.num_timesteps = 0   # env steps trained on, over all train() calls
         self.policy_version = 0  # weight updates published by the learner
         self._runner: Optional[Runner] = None  # the process graph, kept between calls
@@ -180,7 +187,8 @@ class APPO:
                 os.makedirs(self._tmpdir, exist_ok=True)
                 self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
             self._runner = Runner(self.config, self.env_factory, self.policy_spec, self.device, self.policy,
-                                  self._optimizer_path, self.logger, self._num_graphs, self.agents)
+                                  self._optimizer_path, self.logger, self._num_graphs, self.agents,
+                                  {pid: (self.frozen_specs[pid], m) for pid, m in self.frozen.items()})
             self._num_graphs += 1
         return self._runner
 
@@ -238,70 +246,27 @@ class APPO:
         state is an ``(h, c)`` tuple of ``[1, N, rnn_size]`` arrays for an LSTM, one such array
         for a GRU. A feed-forward model returns ``state`` as given.
 
-        ``policy_id`` (a multi-agent env): the trained policy's id (the default) or a rule-based
-        one's, whose function is applied to the one observation given."""
+        ``policy_id`` (a multi-agent env): the trained policy's id (the default), a frozen one's,
+        or a rule-based one's, whose function is applied to the one observation given."""
+        model, spec = self.policy, self.policy_spec
         if policy_id is not None and policy_id != self.policy_id:
-            rule_based = {} if self.agents is None else self.agents.rule_based
-            if policy_id not in rule_based:
+            if self.agents is None or policy_id not in self.agents.policy_ids:
                 raise KeyError(f"policy_id={policy_id!r}: this model's policies are "
-                               f"{[self.policy_id, *rule_based]}")
-            return self.agents.act_rule_based(policy_id, "(predict)", observation), state
-        arrays, n, single = self.policy_spec.env.batch_obs(observation)
+                               f"{[self.policy_id] if self.agents is None else self.agents.policy_ids}")
+            if policy_id in self.agents.rule_based:
+                return self.agents.act_rule_based(policy_id, "(predict)", observation), state
+            model, spec = self.frozen[policy_id], self.frozen_specs[policy_id]
+        arrays, n, single = spec.env.batch_obs(observation)
         obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
-        mask = self._predict_mask(observation, action_masks, n)
-        core = self.policy.core
-        state_in = None if core is None else self._predict_state(state, episode_start, n)
-        actions, _, _, state_out = self.policy.act(obs, mask, deterministic=deterministic,
-                                                   state=state_in)
-        env_actions = self.policy.dist.to_env(actions.numpy())
+        mask = _predict_mask(model, spec, observation, action_masks, n)
+        core = model.core
+        state_in = None if core is None else _predict_state(core, state, episode_start, n)
+        actions, _, _, state_out = model.act(obs, mask, deterministic=deterministic, state=state_in)
+        env_actions = model.dist.to_env(actions.numpy())
         if core is not None:
             parts = tuple(p.numpy()[None] for p in state_out.split(core.out_size, -1))
             state = parts if core.lstm else parts[0]
         return (_as_numpy(env_actions[0]) if single else _stack_actions(env_actions)), state
-
-    def _predict_state(self, state, episode_start, n: int) -> torch.Tensor:
-        """sb3-contrib's recurrent state (see predict) -> [n, state_size], zeroed where
-        ``episode_start``."""
-        core = self.policy.core
-        size = core.out_size
-        if state is None:
-            out = torch.zeros(n, core.state_size)
-        else:
-            parts = state if core.lstm else (state,)
-            what = "an (h, c) tuple of [1, N, rnn_size] arrays (an LSTM)" if core.lstm else \
-                "a [1, N, rnn_size] array (a GRU)"
-            if (core.lstm and not (isinstance(state, tuple) and len(state) == 2)) or any(
-                    np.shape(p) != (1, n, size) for p in parts):
-                raise ValueError(f"state: expected {what} with N={n}, rnn_size={size}, as the "
-                                 "previous predict() returned, or None at the start")
-            out = torch.cat([torch.as_tensor(np.asarray(p, np.float32)).reshape(n, size)
-                             for p in parts], -1)
-        if episode_start is not None:
-            starts = np.asarray(episode_start, bool).reshape(-1)
-            if starts.size != n:
-                raise ValueError(f"episode_start has {starts.size} entries for {n} observation(s)")
-            out[torch.as_tensor(starts)] = 0.0
-        return out
-
-    def _predict_mask(self, observation, action_masks, n: int) -> Optional[torch.Tensor]:
-        size = self.policy.dist.mask_size
-        if action_masks is None and self.policy_spec.env.mask_source == "obs":
-            action_masks = observation[MASK_KEY]
-        if action_masks is None:
-            return None
-        if not size:
-            raise ValueError(f"action_masks given, but the action space {self.action_space} has "
-                             "no discrete part to mask")
-        m = np.asarray(action_masks)
-        if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.integer):
-            raise ValueError(f"action_masks has dtype {m.dtype}: expected bool (True: legal)")
-        if m.size != n * size:
-            raise ValueError(f"action_masks has shape {m.shape}; expected [{size}] or [N, {size}] "
-                             f"for {n} observation(s) and the action space {self.action_space}")
-        m = torch.as_tensor(m.reshape(n, size).astype(bool))
-        if not bool(m.any(-1).all()):
-            raise ValueError("action_masks allows no action for some observation")
-        return m
 
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True,
                  seed: Optional[int] = None, policy_id: Optional[str] = None) -> Tuple[float, float]:
@@ -327,13 +292,13 @@ class APPO:
         return float(np.mean(returns)), float(np.std(returns))
 
     def _agent_actor(self, deterministic: bool) -> Callable:
-        """act(agent, obs, info, start, state) -> (action, state) with the trained policy."""
-        source = self.policy_spec.env.mask_source
-
-        def act(obs, info, start, state):
-            masks = info.get(MASK_KEY) if source == "info" else None
+        """act(policy id, obs, info, start, state) -> (action, state) with a trained or frozen
+        policy."""
+        def act(pid, obs, info, start, state):
+            spec = self.frozen_specs.get(pid, self.policy_spec)
+            masks = info.get(MASK_KEY) if spec.env.mask_source == "info" else None
             return self.predict(obs, state=state, episode_start=np.array([start]),
-                                deterministic=deterministic, action_masks=masks)
+                                deterministic=deterministic, action_masks=masks, policy_id=pid)
         return act
 
     def get_env(self):
@@ -365,10 +330,12 @@ class APPO:
     def get_parameters(self) -> Dict[str, dict]:
         """SB3's layout, keyed by policy id: ``{"policy": state_dict, "policy.optimizer": Adam
         state}`` (copies, CPU); a multi-agent model's trained policy under its own id
-        (``"hero"``, ``"hero.optimizer"``). Rule-based policies have none."""
+        (``"hero"``, ``"hero.optimizer"``), each frozen one's weights under its id. Rule-based
+        policies have none."""
         weights_key, optimizer_key = self._param_keys
-        return {weights_key: {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
-                optimizer_key: self._optimizer_state()}
+        copy = lambda model: {k: v.detach().clone() for k, v in model.state_dict().items()}  # noqa: E731
+        return {weights_key: copy(self.policy), optimizer_key: self._optimizer_state(),
+                **{pid: copy(model) for pid, model in self.frozen.items()}}
 
     def _optimizer_state(self) -> dict:
         if os.path.exists(self._optimizer_path):
@@ -382,7 +349,10 @@ class APPO:
         path, as below), a bare ``state_dict``, or a path to a file of :meth:`save` or a
         ``torch.save``-d state dict. With ``exact_match`` every
         weight must be present; keys this model lacks and shape mismatches always raise, naming
-        them. Samples collected before are from another policy and are not trained on."""
+        them. Samples collected before are from another policy and are not trained on.
+
+        A frozen policy's weights (``{"opp": state_dict or path}``; no optimizer) reach the
+        rollout workers at the next ``train()``; the trained policy's samples stay valid."""
         if self._training:
             raise RuntimeError("set_parameters() inside a training callback would be overwritten "
                                "by the learner's next weights: return False from the callback "
@@ -392,16 +362,24 @@ class APPO:
         rule_based = [k for k in params if self.agents is not None and k in self.agents.rule_based]
         if rule_based:
             raise KeyError(f"policy {rule_based[0]!r} is rule-based: it has no parameters")
-        unknown = sorted(map(str, set(params) - set(self._param_keys)))
+        expected = [*self._param_keys, *self.frozen]
+        unknown = sorted(map(str, set(params) - set(expected)))
         if unknown:
-            raise KeyError(f"unknown parameter group(s) {unknown}; expected {list(self._param_keys)} "
+            raise KeyError(f"unknown parameter group(s) {unknown}; expected {expected} "
                            "(the layout of get_parameters()) or a bare state_dict")
+        frozen = {pid: self._params_from(params[pid])[weights_key] for pid in self.frozen if pid in params}
+        for pid, state in frozen.items():
+            _check_state_dict(self.frozen[pid], state, exact_match)
+        if frozen and weights_key not in params and optimizer_key not in params:
+            for pid, state in frozen.items():
+                self.frozen[pid].load_state_dict(state, strict=exact_match)
+            return
         if weights_key not in params:
             raise KeyError(f"no {weights_key!r} weights given; expected the layout of get_parameters()")
         if isinstance(params[weights_key], (str, os.PathLike)):  # a checkpoint per policy id
             from_file = self._params_from(params[weights_key])
             params = {**from_file, **{k: v for k, v in params.items() if k != weights_key}}
-        self._check_state_dict(params[weights_key], exact_match)
+        _check_state_dict(self.policy, params[weights_key], exact_match)
         optimizer_state = params.get(optimizer_key)
         if optimizer_state is not None:
             probe = torch.optim.Adam(self.policy.parameters())
@@ -410,6 +388,8 @@ class APPO:
             except (ValueError, KeyError) as e:
                 raise ValueError(f"{optimizer_key!r} does not fit this model's Adam ({e})") from e
         self.policy.load_state_dict(params[weights_key], strict=exact_match)
+        for pid, state in frozen.items():
+            self.frozen[pid].load_state_dict(state, strict=exact_match)
         if optimizer_state is not None:
             torch.save(optimizer_state, self._optimizer_path)
             self._optimizer_epoch += 1
@@ -429,23 +409,6 @@ class APPO:
         if value and all(torch.is_tensor(v) for v in value.values()):
             return {weights_key: value}  # a bare state_dict
         return value
-
-    def _check_state_dict(self, state: dict, exact_match: bool) -> None:
-        own = self.policy.state_dict()
-        missing = sorted(set(own) - set(state))
-        unexpected = sorted(set(state) - set(own))
-        wrong = [f"{k}: expected {tuple(own[k].shape)}, got {tuple(state[k].shape)}"
-                 for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-        problems = []
-        if exact_match and missing:
-            problems.append(f"missing keys {missing}")
-        if unexpected:
-            problems.append(f"unexpected keys {unexpected}")
-        if wrong:
-            problems.append("shape mismatch: " + "; ".join(wrong))
-        if problems:
-            raise ValueError("parameters do not fit this model (" + ", ".join(problems) + "); "
-                             "they must come from a model with the same env spaces and hidden_sizes")
 
     # --- persistence ----------------------------------------------------------------------
     def save(self, path: Union[str, os.PathLike]) -> None:
@@ -472,7 +435,8 @@ class APPO:
                 "policy_version": version, "num_graphs": self._num_graphs,
                 "optimizer": optimizer, "learner_rng": learner_rng,
                 "policy_class": self.policy_spec.policy, "policy_kwargs": self.policy_spec.policy_kwargs,
-                "policies": _cloudpickled(self.policies), "policy_mapping": _cloudpickled(self.policy_mapping)}
+                "policies": _cloudpickled(self.policies), "policy_mapping": _cloudpickled(self.policy_mapping),
+                "frozen": {pid: m.state_dict() for pid, m in self.frozen.items()}}
         atomic_torch_save(blob, path)
 
     @staticmethod
@@ -496,6 +460,8 @@ class APPO:
                                                  _uncloudpickled(blob.get("policy_mapping"))),
                     **{**blob["config"], "device": device, **overrides})
         model.policy.load_state_dict(blob["state_dict"])
+        for pid, state in blob.get("frozen", {}).items():
+            model.frozen[pid].load_state_dict(state)
         model.num_timesteps, model.policy_version = blob["num_timesteps"], blob["policy_version"]
         # graphs started before the save used their seeds: a resumed run draws new env resets
         model._num_graphs = blob.get("num_graphs", 0) + 1
@@ -547,6 +513,69 @@ def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[in
                 return total, length
             obs, info = env.reset()  # a lost life: the game goes on, as a new learning episode
             start = True
+
+
+def _check_state_dict(model: torch.nn.Module, state: dict, exact_match: bool) -> None:
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = [f"{k}: expected {tuple(own[k].shape)}, got {tuple(state[k].shape)}"
+             for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    problems = []
+    if exact_match and missing:
+        problems.append(f"missing keys {missing}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected}")
+    if wrong:
+        problems.append("shape mismatch: " + "; ".join(wrong))
+    if problems:
+        raise ValueError("parameters do not fit this model (" + ", ".join(problems) + "); "
+                         "they must come from a model with the same env spaces and hidden_sizes")
+
+
+def _predict_state(core, state, episode_start, n: int) -> torch.Tensor:
+    """sb3-contrib's recurrent state (see APPO.predict) -> [n, state_size], zeroed where
+    ``episode_start``."""
+    size = core.out_size
+    if state is None:
+        out = torch.zeros(n, core.state_size)
+    else:
+        parts = state if core.lstm else (state,)
+        what = "an (h, c) tuple of [1, N, rnn_size] arrays (an LSTM)" if core.lstm else \
+            "a [1, N, rnn_size] array (a GRU)"
+        if (core.lstm and not (isinstance(state, tuple) and len(state) == 2)) or any(
+                np.shape(p) != (1, n, size) for p in parts):
+            raise ValueError(f"state: expected {what} with N={n}, rnn_size={size}, as the "
+                             "previous predict() returned, or None at the start")
+        out = torch.cat([torch.as_tensor(np.asarray(p, np.float32)).reshape(n, size)
+                         for p in parts], -1)
+    if episode_start is not None:
+        starts = np.asarray(episode_start, bool).reshape(-1)
+        if starts.size != n:
+            raise ValueError(f"episode_start has {starts.size} entries for {n} observation(s)")
+        out[torch.as_tensor(starts)] = 0.0
+    return out
+
+
+def _predict_mask(model, spec: PolicySpec, observation, action_masks, n: int) -> Optional[torch.Tensor]:
+    size = model.dist.mask_size
+    if action_masks is None and spec.env.mask_source == "obs":
+        action_masks = observation[MASK_KEY]
+    if action_masks is None:
+        return None
+    if not size:
+        raise ValueError(f"action_masks given, but the action space {spec.env.action_space} has "
+                         "no discrete part to mask")
+    m = np.asarray(action_masks)
+    if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.integer):
+        raise ValueError(f"action_masks has dtype {m.dtype}: expected bool (True: legal)")
+    if m.size != n * size:
+        raise ValueError(f"action_masks has shape {m.shape}; expected [{size}] or [N, {size}] "
+                         f"for {n} observation(s) and the action space {spec.env.action_space}")
+    m = torch.as_tensor(m.reshape(n, size).astype(bool))
+    if not bool(m.any(-1).all()):
+        raise ValueError("action_masks allows no action for some observation")
+    return m
 
 
 def _cloudpickled(value: Any) -> Optional[bytes]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 import difflib
 import importlib
 import pickle
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
 
 from .config import ConfigError
 from .distributions import make_distribution
-from .multiagent import AgentLayout, build_layout, is_parallel_env
+from .multiagent import AgentLayout, agents_of, build_layout, is_parallel_env
 from .spaces import MASK_KEY, EnvSpec, check_mask, detect_mask_source, read_mask
 
 class GymIdFactory:
@@ -73,12 +73,20 @@ def eval_env_factory(factory: Callable) -> Callable:
     return factory
 
 
+class Probed(NamedTuple):
+    """What ``probe_env`` found: the spec of the trained policy's agents (the env's, for a
+    single-agent env), its overrides (``policies[id]`` as a dict), and for a multi-agent env the
+    agent layout and {frozen policy id: (spec, overrides)}."""
+    env_spec: EnvSpec
+    overrides: dict
+    agents: Optional[AgentLayout] = None
+    frozen: Dict[str, Tuple[EnvSpec, dict]] = {}
+
+
 def probe_env(factory: Callable, policies: Optional[dict] = None,
-              policy_mapping: Optional[Callable] = None) -> Tuple[EnvSpec, Optional[AgentLayout], dict]:
-    """Build one env in the main process, check its spaces, first observation and action mask,
-    close it. Returns what the engine derives from the spaces of the trained policy's agents, the
-    agent layout of a multi-agent env (PettingZoo ParallelEnv; None for a gymnasium.Env) and the
-    trained policy's overrides (``policies[id]`` as a dict)."""
+              policy_mapping: Optional[Callable] = None) -> Probed:
+    """Build one env in the main process, check its spaces, first observation and action mask
+    (per policy of a multi-agent env, a PettingZoo ParallelEnv), close it."""
     try:
         env = factory()
     except Exception as e:
@@ -93,33 +101,44 @@ def probe_env(factory: Callable, policies: Optional[dict] = None,
         raise ConfigError("policies and policy_mapping apply to multi-agent envs (a PettingZoo "
                           "ParallelEnv); this env is a single-agent gymnasium.Env")
     try:
-        if multi:
-            layout, obs_space, act_space, overrides = build_layout(env, policies, policy_mapping)
-            observations, infos = env.reset(seed=0)
-            agent = next((a for a in layout.lanes if a in observations), None)
+        if not multi:
+            obs, info = env.reset(seed=0)
+            source = detect_mask_source(env, obs, info)
+            return Probed(_checked_spec(env, env.observation_space, env.action_space, source,
+                                        obs, info), {})
+        layout, spaces = build_layout(env, policies, policy_mapping)
+        observations, infos = env.reset(seed=0)
+        specs = {}
+        for pid, (obs_space, act_space, overrides) in spaces.items():
+            agent = next((a for a in observations if a in agents_of(layout, pid)), None)
             if agent is None:
                 raise ConfigError(f"after reset the env's observations hold none of the agents "
-                                  f"{layout.lanes} of the trained policy")
+                                  f"that play policy {pid!r}")
             obs, info = observations[agent], infos.get(agent, {})
-        else:
-            layout, overrides = None, {}
-            obs_space, act_space = env.observation_space, env.action_space
-            obs, info = env.reset(seed=0)
-        dist = make_distribution(act_space)  # unsupported action spaces raise here
-        source = _mask_source(obs_space, obs, info) if multi else detect_mask_source(env, obs, info)
-        if source is not None and not dist.mask_size:
-            raise ConfigError(f"the env provides action masks ({source}) but its action space "
-                              f"{act_space} has no discrete part to mask")
-        spec = EnvSpec(obs_space, act_space, source, dist.mask_size if source else 0)
-        if not _contains(obs_space, obs):
-            raise ConfigError(
-                f"the env's first observation ({_describe(obs)}) does not lie in its declared "
-                f"observation_space {obs_space}; fix the env's observation_space or its reset()")
-        if source is not None:
-            check_mask(read_mask(env, source, obs, info), spec.mask_size, source, act_space)
-        return spec, layout, overrides
+            spec = _checked_spec(env, obs_space, act_space, _mask_source(obs_space, obs, info),
+                                 obs, info)
+            specs[pid] = (spec, overrides)
+        (spec, overrides), *_ = specs.values()  # the trained policy's, first
+        return Probed(spec, overrides, layout, {pid: specs[pid] for pid in layout.frozen})
     finally:
         env.close()
+
+
+def _checked_spec(env, obs_space: gym.Space, act_space: gym.Space, source: Optional[str], obs,
+                  info) -> EnvSpec:
+    """The spec of one pair of spaces, checked against a first observation and its mask."""
+    dist = make_distribution(act_space)  # unsupported action spaces raise here
+    if source is not None and not dist.mask_size:
+        raise ConfigError(f"the env provides action masks ({source}) but its action space "
+                          f"{act_space} has no discrete part to mask")
+    spec = EnvSpec(obs_space, act_space, source, dist.mask_size if source else 0)
+    if not _contains(obs_space, obs):
+        raise ConfigError(
+            f"the env's first observation ({_describe(obs)}) does not lie in its declared "
+            f"observation_space {obs_space}; fix the env's observation_space or its reset()")
+    if source is not None:
+        check_mask(read_mask(env, source, obs, info), spec.mask_size, source, act_space)
+    return spec
 
 
 def _mask_source(obs_space: gym.Space, obs: Any, info: dict) -> Optional[str]:

@@ -6,7 +6,8 @@ per agent that may map to that policy; a lane holds its agent's trajectory while
 for the trained policy and is masked otherwise (policy version -1, ``done``: nothing bootstraps
 across), so agents that join, leave, or play another policy for an episode need no special case
 in the policy worker or the learner. Rule-based policies are plain functions run in the rollout
-worker: no slot, no inference.
+worker: no slot, no inference. Frozen policies (weights set by the user, not trained: opponents,
+past snapshots in self-play) run in the rollout worker too, one forward pass per group step.
 
 ``policy_mapping(agent_id)`` or ``policy_mapping(agent_id, episode_idx)`` is called when an
 agent first appears in an episode; with one argument it is taken to be fixed, and only the
@@ -21,8 +22,12 @@ from typing import Any, Callable, Dict, List, Optional
 import cloudpickle
 import gymnasium as gym
 import numpy as np
+import torch
 
-from .config import ConfigError
+from .buffers import SharedWeights
+from .config import Config, ConfigError
+from .models import ActorCritic, PolicySpec
+from .spaces import MASK_KEY, stack_observations
 
 DEFAULT_POLICY = "policy"  # the one policy of a single-agent env, or one shared by every agent
 
@@ -64,9 +69,11 @@ class AgentLayout:
     the rule-based policies, and the mapping."""
 
     def __init__(self, possible_agents: List[str], policy_id: str, lanes: List[str],
-                 rule_based: Dict[str, Callable], mapping: Optional[Callable]):
+                 rule_based: Dict[str, Callable], mapping: Optional[Callable],
+                 frozen: Optional[List[str]] = None):
         self.possible_agents, self.policy_id, self.lanes = list(possible_agents), policy_id, lanes
-        self.policy_ids = [policy_id, *rule_based]
+        self.frozen = list(frozen or [])
+        self.policy_ids = [policy_id, *self.frozen, *rule_based]
         self._rule_based = {pid: _pickled(fn, f"rule-based policy {pid!r}")
                             for pid, fn in rule_based.items()}
         self._mapping = None if mapping is None else _pickled(mapping, "policy_mapping")
@@ -114,9 +121,17 @@ def _same_space(a: gym.Space, b: gym.Space) -> bool:
         return False
 
 
+def agents_of(layout: AgentLayout, pid: str) -> List[str]:
+    """The agents that may play ``pid``: with a fixed mapping those it maps there, else all."""
+    if layout.arity == 1:
+        return [a for a in layout.possible_agents if layout.policy_of(a, 0) == pid]
+    return list(layout.possible_agents)
+
+
 def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Callable]):
     """Check a probed ParallelEnv with the user's ``policies`` and ``policy_mapping``. Returns
-    (layout, the trained policy's observation space, its action space, its overrides)."""
+    (layout, {policy id: (observation space, action space, overrides)} of the trained policy,
+    first, and the frozen ones)."""
     agents = list(env.possible_agents)
     if not agents:
         raise ConfigError("the multi-agent env has no possible_agents")
@@ -124,17 +139,24 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
     if not policies or not all(isinstance(k, str) for k in policies):
         raise ConfigError(f"policies={policies!r}: expected a dict {{policy id (str): None, a dict "
                           "of overrides, or a function obs -> action}}")
-    trained = [pid for pid, v in policies.items() if v is None or isinstance(v, dict)]
+    frozen = [pid for pid, v in policies.items() if isinstance(v, dict) and v.get("frozen")]
+    trained = [pid for pid, v in policies.items()
+               if v is None or (isinstance(v, dict) and not v.get("frozen"))]
     rule_based = {pid: v for pid, v in policies.items() if callable(v) and not isinstance(v, dict)}
-    odd = [pid for pid in policies if pid not in trained and pid not in rule_based]
+    odd = [pid for pid in policies if pid not in trained + frozen and pid not in rule_based]
     if odd:
         raise ConfigError(f"policies[{odd[0]!r}]={policies[odd[0]]!r}: expected None (trained, the "
-                          "defaults), a dict of overrides (trained) or a function obs -> action "
-                          "(rule-based)")
+                          "defaults), a dict of overrides (trained), {'frozen': True} (weights you "
+                          "set, not trained) or a function obs -> action (rule-based)")
+    for pid in frozen:
+        extra = set(policies[pid]) - {"frozen", "policy_kwargs", "policy"}
+        if extra:
+            raise ConfigError(f"policies[{pid!r}]: a frozen policy takes only 'policy_kwargs' and "
+                              f"'policy' besides 'frozen' (it is not trained), not {sorted(extra)}")
     if len(trained) != 1:
         raise ConfigError(f"policies: {len(trained)} trained policies ({trained}); this version "
-                          "trains exactly one policy per run, beside any number of rule-based ones "
-                          "(several trained and frozen policies are not supported yet)")
+                          "trains exactly one policy per run, beside any number of frozen and "
+                          "rule-based ones (several trained policies are not supported yet)")
     policy_id = trained[0]
     if policy_mapping is None and len(policies) > 1:
         raise ConfigError(f"policies has {len(policies)} entries but no policy_mapping says which "
@@ -142,33 +164,36 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
     if policy_mapping is not None and not callable(policy_mapping):
         raise ConfigError(f"policy_mapping={policy_mapping!r}: expected fn(agent_id) or "
                           "fn(agent_id, episode_idx) returning a policy id")
-    layout = AgentLayout(agents, policy_id, [], rule_based, policy_mapping)
-    if layout.arity == 1:  # fixed: only the agents it maps to the trained policy get lanes
-        layout.lanes = [a for a in agents if layout.policy_of(a, 0) == policy_id]
-    else:
-        layout.lanes = agents
-        for a in agents:
-            layout.policy_of(a, 0)  # a mapping that fails, fails here
-    if not layout.lanes:
-        raise ConfigError(f"policy_mapping maps none of the agents {agents} to the trained policy "
-                          f"{policy_id!r}")
-    obs_space, act_space = env.observation_space(layout.lanes[0]), env.action_space(layout.lanes[0])
-    for a in layout.lanes[1:]:
-        for kind, mine, first in (("observation", env.observation_space(a), obs_space),
-                                  ("action", env.action_space(a), act_space)):
-            if not _same_space(mine, first):
-                raise ConfigError(
-                    f"agents {layout.lanes[0]!r} and {a!r} both play policy {policy_id!r} but their "
-                    f"{kind} spaces differ ({first} and {mine}); one policy has one pair of "
-                    "spaces: map them to different policies (policies= and policy_mapping=)")
-    return layout, obs_space, act_space, dict(policies[policy_id] or {})
+    layout = AgentLayout(agents, policy_id, [], rule_based, policy_mapping, frozen)
+    for a in agents:
+        layout.policy_of(a, 0)  # a mapping that fails, fails here
+    layout.lanes = agents_of(layout, policy_id)
+    spaces = {}
+    for pid in (policy_id, *frozen):
+        players = agents_of(layout, pid)
+        if not players:
+            raise ConfigError(f"policy_mapping maps none of the agents {agents} to the "
+                              f"{'trained' if pid == policy_id else 'frozen'} policy {pid!r}")
+        obs_space, act_space = env.observation_space(players[0]), env.action_space(players[0])
+        for a in players[1:]:
+            for kind, mine, first in (("observation", env.observation_space(a), obs_space),
+                                      ("action", env.action_space(a), act_space)):
+                if not _same_space(mine, first):
+                    raise ConfigError(
+                        f"agents {players[0]!r} and {a!r} both may play policy {pid!r} but their "
+                        f"{kind} spaces differ ({first} and {mine}); one policy has one pair of "
+                        "spaces: map them to different policies (policies= and policy_mapping=)")
+        overrides = {k: v for k, v in (policies[pid] or {}).items() if k != "frozen"}
+        spaces[pid] = (obs_space, act_space, overrides)
+    return layout, spaces
 
 
 def play_parallel_episode(layout: AgentLayout, env: Any, act: Callable, seed: Optional[int],
                           episode_idx: int) -> Dict[str, float]:
-    """Play one episode of a ParallelEnv in this process: the trained policy's agents through
-    ``act(obs, info, episode_start, state) -> (action, state)`` (a state per agent), the
-    rule-based ones through their functions. Returns {policy id: its agents' mean return}."""
+    """Play one episode of a ParallelEnv in this process: the agents of the trained and frozen
+    policies through ``act(policy id, obs, info, episode_start, state) -> (action, state)`` (a
+    state per agent), the rule-based ones through their functions. Returns {policy id: its
+    agents' mean return}."""
     observations, infos = env.reset(seed=seed)
     policy_of: Dict[str, str] = {}
     returns: Dict[str, float] = {}
@@ -179,11 +204,11 @@ def play_parallel_episode(layout: AgentLayout, env: Any, act: Callable, seed: Op
             if a not in policy_of:
                 policy_of[a] = layout.policy_of(a, episode_idx)
             pid = policy_of[a]
-            if pid == layout.policy_id:
-                actions[a], states[a] = act(observations[a], infos.get(a, {}), a not in states,
-                                            states.get(a))
-            else:
+            if pid in layout.rule_based:
                 actions[a] = layout.act_rule_based(pid, a, observations[a])
+            else:
+                actions[a], states[a] = act(pid, observations[a], infos.get(a, {}), a not in states,
+                                            states.get(a))
         observations, rewards, _, _, infos = env.step(actions)
         for a, r in rewards.items():
             returns[a] = returns.get(a, 0.0) + float(r)
@@ -191,3 +216,88 @@ def play_parallel_episode(layout: AgentLayout, env: Any, act: Callable, seed: Op
     for a, r in returns.items():
         by_policy.setdefault(policy_of[a], []).append(r)
     return {pid: float(np.mean(rs)) for pid, rs in by_policy.items()}
+
+
+class FrozenPolicy:
+    """A policy whose weights the user sets and no learner trains (an opponent, a past snapshot
+    in self-play): run in the rollout worker, one forward pass per group step for all the agents
+    that play it, reloading its shared weights when their version moved (between train()
+    calls). A recurrent one keeps a state per (episode, agent)."""
+
+    def __init__(self, spec: PolicySpec, cfg: Config, weights: SharedWeights):
+        self.spec, self.cfg, self.weights = spec, cfg, weights
+        self.model: Optional[ActorCritic] = None
+        self.version = -1
+        self.states: Dict[tuple, torch.Tensor] = {}
+
+    def reload(self) -> None:
+        if self.model is None:
+            self.model = ActorCritic(self.spec, self.cfg)
+            self.model.eval()
+        self.version = self.weights.load_if_newer(self.model, self.version)
+
+    @torch.no_grad()
+    def act(self, observations: list, keys: list) -> list:
+        """Env actions for ``observations`` (one per agent), sampled; ``keys``: (episode, agent)
+        of each, for a recurrent state."""
+        env = self.spec.env
+        arrays, _, _ = env.batch_obs(stack_observations(env.observation_space, observations))
+        obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
+        mask = None
+        if env.mask_source == "obs":
+            mask = torch.as_tensor(np.stack([np.asarray(o[MASK_KEY], bool).reshape(-1)
+                                             for o in observations]))
+        state = None
+        if self.model.core is not None:
+            zeros = torch.zeros(self.model.state_size)
+            state = torch.stack([self.states.get(k, zeros) for k in keys])
+        actions, _, _, next_state = self.model.act(obs, mask, state=state)
+        if next_state is not None:
+            self.states.update(zip(keys, next_state))
+        return self.model.dist.to_env(actions.numpy())
+
+    def forget(self, episode_idx: int) -> None:
+        """An episode ended: drop its agents' recurrent states."""
+        for key in [k for k in self.states if k[0] == episode_idx]:
+            del self.states[key]
+
+
+class SelfPlay:
+    """Self-play with a pool of past snapshots: in each episode the trained policy plays one
+    seat (drawn per episode) and a snapshot drawn from the pool plays every other seat.
+
+        self_play = SelfPlay(["player_0", "player_1"], pool_size=4)
+        model = APPO(make_duel, policies=self_play.policies, policy_mapping=self_play.policy_mapping)
+        self_play.fill(model)          # every snapshot starts as the initial weights
+        for _ in range(rounds):
+            model.train(100_000)
+            self_play.snapshot(model)  # the oldest snapshot becomes the current weights
+
+    The snapshots are frozen policies (``"<trained>_past_<k>"``), run in the rollout workers.
+    """
+
+    def __init__(self, seats: List[str], trained: str = "hero", pool_size: int = 4):
+        if len(seats) < 2 or pool_size < 1:
+            raise ConfigError(f"SelfPlay: needs at least two seats (got {seats}) and a pool of at "
+                              f"least one snapshot (got {pool_size})")
+        self.seats, self.trained = list(seats), trained
+        self.pool = [f"{trained}_past_{k}" for k in range(pool_size)]
+        self.policies: Dict[str, Any] = {trained: None, **{p: {"frozen": True} for p in self.pool}}
+        self.replaced = 0  # snapshots taken so far (the next one replaces the oldest)
+
+    def policy_mapping(self, agent: str, episode_idx: int) -> str:
+        draw = np.random.default_rng(episode_idx).integers(len(self.seats) * len(self.pool))
+        seat, opponent = divmod(int(draw), len(self.pool))
+        return self.trained if agent == self.seats[seat] else self.pool[opponent]
+
+    def fill(self, model) -> None:
+        """Every snapshot in the pool becomes the trained policy's current weights."""
+        weights = model.get_parameters()[self.trained]
+        model.set_parameters({p: weights for p in self.pool})
+
+    def snapshot(self, model) -> str:
+        """The oldest snapshot becomes the trained policy's current weights; returns its id."""
+        pid = self.pool[self.replaced % len(self.pool)]
+        model.set_parameters({pid: model.get_parameters()[self.trained]})
+        self.replaced += 1
+        return pid

@@ -19,7 +19,7 @@ from .config import Config
 from .distributions import make_distribution, mask_sizes
 from .ipc import SLOTS_FREED
 from .messages import PolicyRequest, Report, ReportKind
-from .multiagent import AgentLayout
+from .multiagent import AgentLayout, FrozenPolicy
 from .spaces import MASK_KEY, OBS_PREFIX, EnvSpec, ObsWriter, read_mask
 from .timing import StageTimer
 
@@ -51,9 +51,12 @@ class EnvGroup:
 class RolloutWorker:
     def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, env_spec: EnvSpec,
                  buffers: TrajectoryBuffers, ctl: SharedControl, queues, serial: bool = False,
-                 agents: Optional[AgentLayout] = None):
+                 agents: Optional[AgentLayout] = None, frozen: Optional[dict] = None):
         self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
         self.env_spec, self.agents = env_spec, agents
+        # frozen policies (a multi-agent env): id -> FrozenPolicy, built in init
+        self.frozen = {pid: FrozenPolicy(spec, cfg, weights)
+                       for pid, (spec, weights) in (frozen or {}).items()}
         self.lanes = 1 if agents is None else len(agents.lanes)  # columns per env
         self.lane_idx = {} if agents is None else {a: k for k, a in enumerate(agents.lanes)}
         self.buffers, self.ctl, self.serial = buffers, ctl, serial
@@ -92,6 +95,8 @@ class RolloutWorker:
         self.slot_owner_np, self.claiming_np = b.slot_owner.numpy(), b.claiming.numpy()
         self.policy_incarnation_np = b.policy_incarnation.numpy()
         self.write_obs = ObsWriter(self.env_spec)
+        for policy in self.frozen.values():
+            policy.reload()
         self.dist = make_distribution(self.env_spec.action_space)
         self.mask_source = self.env_spec.mask_source if self.env_spec.mask_source != "obs" else None
         self.mask_sizes = mask_sizes(self.dist) if self.env_spec.mask_source else []
@@ -131,6 +136,8 @@ class RolloutWorker:
 
     def resume(self) -> None:
         self.last_progress = max(self.last_progress, time.perf_counter())
+        for policy in self.frozen.values():  # weights the user set between train() calls
+            policy.reload()
 
     # --- the loop body --------------------------------------------------------------------
     def step(self, timeout: float) -> bool:
@@ -168,8 +175,9 @@ class RolloutWorker:
             rewards_out = self.rewards_np[slot, t]
             dones_out, truncated_out = self.dones_np[slot, t], self.truncated_np[slot, t]
             if self.agents is not None:
+                others = self._other_actions(group)
                 for i, env in enumerate(group.envs):
-                    self._step_agents(group, i, env, actions, obs_out, slot, t)
+                    self._step_agents(group, i, env, actions, others[i], obs_out, slot, t)
             else:
                 self._step_envs(group, actions, obs_out, rewards_out, dones_out, truncated_out, slot, t)
         if self.state_np is not None and dones_out.any():  # also after an env restart
@@ -235,23 +243,43 @@ class RolloutWorker:
         if self.agents is None:
             self._write(views, i, group.envs, obs, info)
             return
+        for policy in self.frozen.values():
+            policy.forget(group.episode_idx[i])
         self.episodes_started += 1
         group.episode_idx[i] = self.episodes_started * self.cfg.num_workers + self.worker_idx
         group.policy_of[i], group.agent_return[i], group.agent_length[i] = {}, {}, {}
         self._write_agents(views, group, i, obs, info)
 
     # --- multi-agent envs (see multiagent): one column per lane, idle lanes masked -----------
-    def _step_agents(self, group: EnvGroup, i: int, env, actions: list, obs_out: dict,
-                     slot: int, t: int) -> None:
-        """Step one ParallelEnv: its trained agents act from their lanes' actions, rule-based
-        ones from their functions; row t of its lanes is written (idle lanes: masked, done),
-        and the observations of t + 1."""
+    def _other_actions(self, group: EnvGroup) -> List[dict]:
+        """Per env of the group, {agent: action} of the agents that do not play the trained
+        policy: rule-based ones from their functions, frozen ones from one forward pass per
+        frozen policy for the whole group. (User code: its errors are not the env's.)"""
+        layout, out = self.agents, [{} for _ in group.envs]
+        batches = defaultdict(list)  # frozen policy id -> [(env, agent)]
+        for i, env in enumerate(group.envs):
+            policy_of, observations = group.policy_of[i], group.agent_obs[i]
+            for a in env.agents:
+                pid = policy_of[a]
+                if pid in self.frozen:
+                    batches[pid].append((i, a))
+                elif pid != layout.policy_id:
+                    out[i][a] = layout.act_rule_based(pid, a, observations[a])
+        for pid, who in batches.items():
+            acts = self.frozen[pid].act([group.agent_obs[i][a] for i, a in who],
+                                        [(group.episode_idx[i], a) for i, a in who])
+            for (i, a), action in zip(who, acts):
+                out[i][a] = action
+        return out
+
+    def _step_agents(self, group: EnvGroup, i: int, env, actions: list, others: dict,
+                     obs_out: dict, slot: int, t: int) -> None:
+        """Step one ParallelEnv: its trained agents act from their lanes' actions, the others
+        as ``others`` says; row t of its lanes is written (idle lanes: masked, done), and the
+        observations of t + 1."""
         layout, policy_of, col0 = self.agents, group.policy_of[i], i * self.lanes
-        acting = {}
-        for a in env.agents:  # user code first (outside the env's try: its errors are not the env's)
-            pid = policy_of[a]
-            acting[a] = (actions[col0 + self.lane_idx[a]] if pid == layout.policy_id
-                         else layout.act_rule_based(pid, a, group.agent_obs[i][a]))
+        acting = {a: (actions[col0 + self.lane_idx[a]] if policy_of[a] == layout.policy_id
+                      else others[a]) for a in env.agents}
         rewards_out, dones_out = self.rewards_np[slot, t], self.dones_np[slot, t]
         truncated_out, versions_out = self.truncated_np[slot, t], self.versions_np[slot, t]
         try:

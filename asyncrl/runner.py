@@ -172,9 +172,10 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
         _remove_if_orphaned(parent_pid, scratch_dir)
 
 
-def watch_queue_locks(procs: list, queues: list, weights: SharedWeights, ctl: SharedControl) -> None:
+def watch_queue_locks(procs: list, queues: list, weights: List[SharedWeights],
+                      ctl: SharedControl) -> None:
     """A thread of the main process: when a component process dies, free the queue locks it held
-    (see ipc) and the shared weights' lock, before anyone, the main thread included, blocks on
+    (see ipc) and the shared weights' locks, before anyone, the main thread included, blocks on
     them for good. Deaths are
     seen through pidfds (Linux >= 5.3): unlike a process's sentinel pipe, which a grandchild
     forked by an env inherits, a pidfd turns readable when that process itself ends. Holds no
@@ -191,7 +192,8 @@ def watch_queue_locks(procs: list, queues: list, weights: SharedWeights, ctl: Sh
                 except ProcessLookupError:  # gone already
                     handled.add(pid)
                     ipc.release_locks_of_dead(pid, queues)
-                    weights.recover_from_death(pid)
+                    for w in weights:
+                        w.recover_from_death(pid)
             if not pidfds:
                 time.sleep(LOOP_TIMEOUT)
                 continue
@@ -204,7 +206,8 @@ def watch_queue_locks(procs: list, queues: list, weights: SharedWeights, ctl: Sh
                 os.close(pidfds.pop(pid))
                 handled.add(pid)
                 ipc.release_locks_of_dead(pid, queues)
-                weights.recover_from_death(pid)
+                for w in weights:
+                    w.recover_from_death(pid)
     finally:
         for fd in pidfds.values():
             os.close(fd)
@@ -324,7 +327,7 @@ class Runner:
 
     def __init__(self, cfg: Config, env_factory: Callable, policy_spec: PolicySpec, device: str,
                  model: torch.nn.Module, optimizer_path: str, logger: TrainLogger, graph_idx: int = 0,
-                 agents: Optional[AgentLayout] = None):
+                 agents: Optional[AgentLayout] = None, frozen: Optional[dict] = None):
         # A graph started after an error draws fresh env resets and sampling noise.
         self.base_cfg = cfg
         self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * graph_idx) % 2 ** 31)
@@ -336,6 +339,9 @@ class Runner:
         check_shm_space(TrajectoryBuffers.nbytes(cfg, spec))
         self.buffers = TrajectoryBuffers(cfg, spec)
         self.weights = SharedWeights(model)
+        # frozen policies of a multi-agent env (run in the rollout workers): id -> (model, weights)
+        self.frozen = {pid: (m, SharedWeights(m)) for pid, (_, m) in (frozen or {}).items()}
+        self.frozen_specs = {pid: spec for pid, (spec, _) in (frozen or {}).items()}
         self.optimizer_state = SharedOptimizerState(model)
         self.hparams = SharedHyperParams(cfg)
         self.ctl = SharedControl()
@@ -357,7 +363,11 @@ class Runner:
 
     def locks(self) -> list:
         """Every faster-fifo queue whose lock a dead process may hold (see ipc)."""
-        return [*self.queues.all(), self.weights.lock.token_queue]
+        return [*self.queues.all(), *(w.lock.token_queue for w in self.all_weights())]
+
+    def all_weights(self) -> List[SharedWeights]:
+        """The trained policy's shared weights, then the frozen policies'."""
+        return [self.weights, *(w for _, w in self.frozen.values())]
 
     @property
     def alive(self) -> bool:
@@ -371,7 +381,9 @@ class Runner:
         common = dict(cfg=self.cfg, buffers=self.buffers, ctl=self.ctl, queues=self.queues,
                       serial=serial)
         out = [(f"rollout-{i}", Make(RolloutWorker, worker_idx=i, env_factory=pickle.dumps(self.env_factory),
-                                     env_spec=self.policy_spec.env, agents=self.agents, **common))
+                                     env_spec=self.policy_spec.env, agents=self.agents,
+                                     frozen={pid: (self.frozen_specs[pid], w)
+                                             for pid, (_, w) in self.frozen.items()}, **common))
                for i in range(self.cfg.num_workers)]
         out += [(f"policy-{p}", Make(PolicyWorker, policy_idx=p, policy_spec=self.policy_spec,
                                      device=self.device, weights=self.weights, **common))
@@ -403,6 +415,8 @@ class Runner:
         self.version, self.trained_env_steps = version, start_env_steps
         self.logger.reset_run()
         self.weights.publish(model, version, start_env_steps)
+        for frozen_model, weights in self.frozen.values():  # as the user last set them
+            weights.publish(frozen_model, weights.version + 1, 0)
         self.hparams.write(hparams(1.0))
         ctl[Ctl.TRAINED_ENV_STEPS], ctl[Ctl.TARGET_ENV_STEPS] = start_env_steps, target_env_steps
         ctl[Ctl.LEARNER_DONE], ctl[Ctl.MIN_VERSION] = 0, min_version
@@ -477,7 +491,7 @@ class Runner:
                 self.procs.append(self._spawn(name))
             if ipc.supported() and hasattr(os, "pidfd_open"):
                 threading.Thread(target=watch_queue_locks, name="asyncrl-lock-watch", daemon=True,
-                                 args=(self.procs, self.locks(), self.weights, self.ctl)).start()
+                                 args=(self.procs, self.locks(), self.all_weights(), self.ctl)).start()
         while not self.ctl[Ctl.LEARNER_DONE]:
             self._drain_reports(raise_errors=True, timeout=LOOP_TIMEOUT)
             self._check_alive()
@@ -541,7 +555,8 @@ class Runner:
             if p.exitcode is None:
                 continue
             ipc.release_locks_of_dead(p.pid, self.locks())  # before reading the reports
-            self.weights.recover_from_death(p.pid)
+            for weights in self.all_weights():
+                weights.recover_from_death(p.pid)
             for _ in range(4):  # a traceback beats an exit code (one read may get part of a backlog)
                 self._drain_reports(raise_errors=True)
             how = f"exited unexpectedly with code {p.exitcode}" + (

@@ -175,6 +175,17 @@ class EnvSpec:
         return arrays, n, single
 
 
+def stack_observations(space: gym.Space, observations: list) -> Any:
+    """A list of observations of ``space`` as one batch: arrays [N, ...], in Dict/Tuple
+    observations per key (the layout ``EnvSpec.batch_obs`` takes)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: stack_observations(sub, [o[k] for o in observations]) for k, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(stack_observations(sub, [o[i] for o in observations])
+                     for i, sub in enumerate(space.spaces))
+    return np.stack([np.asarray(o) for o in observations])
+
+
 class ObsWriter:
     """Writes an env's observation into the observed buffer rows of one env: each leaf (and a
     mask carried in the observation) to its own array. The bare-Box case is one assignment."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ma_envs
-from asyncrl import APPO, ConfigError
+from asyncrl import APPO, ConfigError, SelfPlay
 from asyncrl.learner import Learner
 from test_multiprocess import worker_children
 
@@ -175,3 +175,59 @@ def test_in_worker_processes_a_crashing_env_is_restarted_and_nothing_is_left():
         assert model.logger.env_restarts > 0
         assert model.num_timesteps >= 6_000
     assert worker_children() == []
+
+
+def hero_vs_opp(agent_id):
+    return "hero" if agent_id == "player_0" else "opp"
+
+
+def _always(params: dict, move: int) -> dict:
+    """A frozen policy's weights that play ``move`` whatever they see."""
+    out = {k: v.clone() for k, v in params.items()}
+    out["action_head.bias"] = torch.full((3,), -20.0)
+    out["action_head.bias"][move] = 20.0
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_a_frozen_policy_plays_the_weights_set_in_worker_processes_and_is_not_trained():
+    with APPO(ma_envs.rps, policies={"hero": None, "opp": {"frozen": True}},
+              policy_mapping=hero_vs_opp, **FAST) as model:
+        params = model.get_parameters()
+        assert set(params) == {"hero", "hero.optimizer", "opp"}
+        rock = _always(params["opp"], ma_envs.ROCK)
+        model.set_parameters({"opp": rock})
+        model.train(10_000)
+        score = model.evaluate(10, seed=0, policy_id="hero")[0]
+        after = model.get_parameters()["opp"]
+        scalars = model.logger.scalars()
+    assert score == 5.0  # paper: the rollout workers played the rock the weights say
+    assert all(torch.equal(after[k], rock[k]) for k in rock)
+    assert scalars["rollout/opp/ep_rew_mean"] < -3.0
+    assert worker_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_self_play_keeps_a_pool_of_snapshots_the_rollout_workers_play():
+    """Tic-tac-toe (masks in the observations): the hero plays a seat drawn per episode against a
+    snapshot drawn from the pool; snapshot() replaces the oldest one between train() calls."""
+    self_play = SelfPlay(["player_0", "player_1"], pool_size=2)
+    with APPO(ma_envs.tictactoe, policies=self_play.policies,
+              policy_mapping=self_play.policy_mapping, serial_mode=True, **FAST) as model:
+        assert model.config.lanes_per_env == 2  # the hero may play either seat
+        self_play.fill(model)
+        initial = model.get_parameters()["hero"]
+        model.train(2_000)
+        assert self_play.snapshot(model) == "hero_past_0"
+        params = model.get_parameters()
+        for k, v in params["hero"].items():
+            assert torch.equal(params["hero_past_0"][k], v)
+            assert torch.equal(params["hero_past_1"][k], initial[k])
+        assert not all(torch.equal(params["hero"][k], initial[k]) for k in initial)
+        model.train(500)  # the rollout worker reloads the snapshots
+        worker = model._runner.components[0]
+        for k, v in worker.frozen["hero_past_0"].model.state_dict().items():
+            assert torch.equal(v, params["hero_past_0"][k])
+        seats = {self_play.policy_mapping("player_0", ep) == "hero" for ep in range(20)}
+        opponents = {self_play.policy_mapping(a, ep) for ep in range(20) for a in ("player_0", "player_1")}
+    assert seats == {True, False} and opponents == {"hero", "hero_past_0", "hero_past_1"}
