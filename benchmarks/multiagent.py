@@ -1,6 +1,7 @@
 """Multi-agent envs (PettingZoo ParallelEnv): learning curves and throughput.
 
-    python benchmarks/multiagent.py [--steps 2000000] [--bot_steps 200000] [--seconds 60]
+    python benchmarks/multiagent.py [--steps 2000000] [--bot_steps 200000] [--rounds 8]
+                                    [--round_steps 50000] [--seconds 60]
 
 - ``simple_spread``: MPE2's simple_spread_v3 (3 agents, 25 steps, discrete actions), every agent
   playing one shared policy (``APPO(make_simple_spread)``, nothing else set), for ``--steps`` agent
@@ -9,6 +10,10 @@
 - ``best response``: repeated rock-paper-scissors against a rule-based bot that cycles rock,
   paper, scissors; the hero sees the bot's last move, so its best response (+5 an episode) is a
   function of what it sees. The bot runs in the rollout workers.
+- ``self-play``: tic-tac-toe (a ParallelEnv with action masks; tests/ma_envs.py), the hero
+  against a pool of 4 of its past snapshots (``SelfPlay``), a snapshot taken after each round of
+  ``--round_steps``; after each round, 200 games (sampled moves, seats alternating) against a
+  fixed snapshot of its initial weights: wins, draws, losses.
 - throughput: simple_spread's raw rate (random actions, one env per process, 2 processes) and
   asyncrl's rate once warm, both in agent steps per second.
 
@@ -26,11 +31,11 @@ import sys
 import numpy as np
 from _common import plot_curves, write_runs
 
-from asyncrl import APPO
+from asyncrl import APPO, SelfPlay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the tests' small ParallelEnvs
-from ma_envs import RepeatedRPS  # noqa: E402
+from ma_envs import RepeatedRPS, TicTacToe  # noqa: E402
 RESULTS = os.path.join(HERE, "results")
 
 
@@ -47,6 +52,47 @@ def cycling_bot(obs):
 
 def make_rps():
     return RepeatedRPS(rounds=5)
+
+
+def make_tictactoe():
+    return TicTacToe()
+
+
+def duel(model: APPO, a: str, b: str, games: int = 200) -> tuple:
+    """(wins, draws, losses) of policy ``a`` against ``b`` over ``games`` tic-tac-toe games,
+    sampled moves, ``a`` moving first in every other game."""
+    env, results = TicTacToe(), []
+    for g in range(games):
+        seats = {"player_0": a, "player_1": b} if g % 2 == 0 else {"player_0": b, "player_1": a}
+        obs, _ = env.reset(options={"first": 0})
+        total = 0.0
+        while env.agents:
+            acts = {ag: model.predict(obs[ag], policy_id=seats[ag])[0] for ag in env.agents}
+            obs, rewards, _, _, _ = env.step(acts)
+            total += sum(r for ag, r in rewards.items() if seats[ag] == a)
+        results.append(total)
+    results = np.array(results)
+    return float((results > 0).mean()), float((results == 0).mean()), float((results < 0).mean())
+
+
+def self_play(rounds: int, round_steps: int) -> dict:
+    pool = SelfPlay(["player_0", "player_1"], pool_size=4)
+    curve, t0 = [], time.perf_counter()
+    with APPO(make_tictactoe, policies={**pool.policies, "start": {"frozen": True}},
+              policy_mapping=pool.policy_mapping, seed=0, verbose=0) as model:
+        pool.fill(model)
+        model.set_parameters({"start": model.get_parameters()["hero"]})  # never refreshed
+        first = duel(model, "hero", "start")
+        curve.append((0, 0.0, first[0]))
+        for _ in range(rounds):
+            model.train(round_steps)
+            pool.snapshot(model)
+            wins, draws, losses = duel(model, "hero", "start")
+            curve.append((model.num_timesteps, time.perf_counter() - t0, wins))
+            print(f"self-play: {model.num_timesteps:,} agent steps, against the initial snapshot: "
+                  f"{wins:.0%} won, {draws:.0%} drawn, {losses:.0%} lost", flush=True)
+    return dict(task="tic-tac-toe self-play (win rate against the initial weights)", curve=curve,
+                seconds=time.perf_counter() - t0, final=wins, final_std=0.0, random=first[0])
 
 
 def random_return(make, episodes: int = 100) -> float:
@@ -127,6 +173,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2_000_000)
     ap.add_argument("--bot_steps", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--round_steps", type=int, default=50_000)
     ap.add_argument("--seconds", type=float, default=60.0)
     args = ap.parse_args()
     os.makedirs(RESULTS, exist_ok=True)
@@ -137,11 +185,13 @@ def main():
                   policies={"hero": None, "bot": cycling_bot},
                   policy_mapping=lambda agent: "hero" if agent == "player_0" else "bot")]
     runs[0]["random"], runs[1]["random"] = random_spread, random_rps
+    runs.append(self_play(args.rounds, args.round_steps))
     print(f"random play: simple_spread {random_spread:.2f}, RPS 0 (in expectation)")
     out = os.path.join(RESULTS, "multiagent_learning")
     write_runs(out, {"throughput": rate}, runs, ["task"], ["agent_steps", "seconds", "ep_rew_mean"])
-    plot_curves(runs, "task", lambda task: task, lambda r: ("C0", f"asyncrl (random {r['random']:.1f})"),
-                "agent steps", "training return (per agent)", "asyncrl, multi-agent (2 cores)",
+    plot_curves(runs, "task", lambda task: task,
+                lambda r: ("C0", f"asyncrl (at the start: {r['random']:.2f})"), "agent steps",
+                "training return per agent; self-play: win rate", "asyncrl, multi-agent (2 cores)",
                 out + ".png")
 
 
