@@ -80,7 +80,8 @@ class TrajectoryBuffers:
     (slots of a worker's incarnations below this may be taken back: the main process sets it
     once no policy worker serves the dead one any more), ``claiming`` [num_workers] (1 while a
     rollout worker holds a slot taken from the free queue that it has not marked as its own
-    yet), ``policy_ticks`` [num_policy_workers] (each policy worker counts its loop passes: once
+    yet), ``paused_run`` [num_workers] (the train() call after which each rollout worker has
+    paused and sent its last report), ``policy_ticks`` [num_policy_workers] (each policy worker counts its loop passes: once
     every one has moved, no request of the dead worker is being served any more) and
     ``policy_incarnation`` [num_policy_workers] (moved when a policy worker is replaced:
     rollout workers send their unanswered requests again).
@@ -90,7 +91,7 @@ class TrajectoryBuffers:
     def nbytes(cfg: Config, spec: Dict[str, Entry]) -> int:
         """Shared memory the buffers take."""
         S, T, E = cfg.num_slots, cfg.rollout, cfg.columns_per_group
-        total = 8 * (S + 3 * cfg.num_workers + 2 * cfg.num_policy_workers)
+        total = 8 * (S + 4 * cfg.num_workers + 2 * cfg.num_policy_workers)
         for e in spec.values():
             itemsize = torch.empty((), dtype=e.dtype).element_size()
             total += S * (T + e.observed) * E * int(np.prod(e.shape)) * itemsize
@@ -111,12 +112,13 @@ class TrajectoryBuffers:
         self.incarnation = shared((W,), torch.int64, 0)
         self.reclaimable = shared((W,), torch.int64, 0)
         self.claiming = shared((W,), torch.int64, 0)
+        self.paused_run = shared((W,), torch.int64, 0)
         self.policy_ticks = shared((P,), torch.int64, 0)
         self.policy_incarnation = shared((P,), torch.int64, 0)
 
     def bookkeeping(self) -> list:
         return [self.slot_owner, self.incarnation, self.reclaimable, self.claiming,
-                self.policy_ticks, self.policy_incarnation]
+                self.paused_run, self.policy_ticks, self.policy_incarnation]
 
     def __getattr__(self, name: str) -> torch.Tensor:  # buffers.rewards etc.
         tensors = self.__dict__.get("tensors", {})

@@ -26,7 +26,7 @@ from .config import Config, ConfigError
 from .fileio import atomic_open
 
 COMMANDS = ("train", "enjoy", "evaluate", "plot", "benchmark")
-BENCHMARKS = ("throughput", "cartpole_throughput", "atari_learning", "doom_learning", "memory_tasks",
+BENCHMARKS = ("throughput", "cartpole_throughput", "atari_learning", "doom_learning", "memory_tasks", "multiagent",
               "continuous_control", "soak")
 
 

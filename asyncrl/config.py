@@ -275,7 +275,7 @@ class Config:
                 f"minibatch_size={self.minibatch_size}: with use_rnn every minibatch holds whole "
                 f"trajectories of rollout={self.rollout} steps, so it must be a multiple of "
                 f"rollout; try minibatch_size={fit}" + ("" if self.batch_size % fit == 0 else
-                                                        f" with a batch_size that it divides"))
+                                                        " with a batch_size that it divides"))
         if self.algo == "impala" and self.num_epochs != 1:
             errs.append(f"num_epochs={self.num_epochs}: algo='impala' trains one epoch per batch; "
                         "use num_epochs=1 or algo='appo'")

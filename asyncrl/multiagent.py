@@ -7,7 +7,8 @@ for the trained policy and is masked otherwise (policy version -1, ``done``: not
 across), so agents that join, leave, or play another policy for an episode need no special case
 in the policy worker or the learner. Rule-based policies are plain functions run in the rollout
 worker: no slot, no inference. Frozen policies (weights set by the user, not trained: opponents,
-past snapshots in self-play) run in the rollout worker too, one forward pass per group step.
+past snapshots in self-play) run in the rollout worker too, one forward pass per group step
+(see agent_lanes, where the rollout worker steps these envs).
 
 ``policy_mapping(agent_id)`` or ``policy_mapping(agent_id, episode_idx)`` is called when an
 agent first appears in an episode; with one argument it is taken to be fixed, and only the
@@ -22,12 +23,8 @@ from typing import Any, Callable, Dict, List, Optional
 import cloudpickle
 import gymnasium as gym
 import numpy as np
-import torch
 
-from .buffers import SharedWeights
-from .config import Config, ConfigError
-from .models import ActorCritic, PolicySpec
-from .spaces import MASK_KEY, stack_observations
+from .config import ConfigError
 
 DEFAULT_POLICY = "policy"  # the one policy of a single-agent env, or one shared by every agent
 
@@ -216,50 +213,6 @@ def play_parallel_episode(layout: AgentLayout, env: Any, act: Callable, seed: Op
     for a, r in returns.items():
         by_policy.setdefault(policy_of[a], []).append(r)
     return {pid: float(np.mean(rs)) for pid, rs in by_policy.items()}
-
-
-class FrozenPolicy:
-    """A policy whose weights the user sets and no learner trains (an opponent, a past snapshot
-    in self-play): run in the rollout worker, one forward pass per group step for all the agents
-    that play it, reloading its shared weights when their version moved (between train()
-    calls). A recurrent one keeps a state per (episode, agent)."""
-
-    def __init__(self, spec: PolicySpec, cfg: Config, weights: SharedWeights):
-        self.spec, self.cfg, self.weights = spec, cfg, weights
-        self.model: Optional[ActorCritic] = None
-        self.version = -1
-        self.states: Dict[tuple, torch.Tensor] = {}
-
-    def reload(self) -> None:
-        if self.model is None:
-            self.model = ActorCritic(self.spec, self.cfg)
-            self.model.eval()
-        self.version = self.weights.load_if_newer(self.model, self.version)
-
-    @torch.no_grad()
-    def act(self, observations: list, keys: list) -> list:
-        """Env actions for ``observations`` (one per agent), sampled; ``keys``: (episode, agent)
-        of each, for a recurrent state."""
-        env = self.spec.env
-        arrays, _, _ = env.batch_obs(stack_observations(env.observation_space, observations))
-        obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
-        mask = None
-        if env.mask_source == "obs":
-            mask = torch.as_tensor(np.stack([np.asarray(o[MASK_KEY], bool).reshape(-1)
-                                             for o in observations]))
-        state = None
-        if self.model.core is not None:
-            zeros = torch.zeros(self.model.state_size)
-            state = torch.stack([self.states.get(k, zeros) for k in keys])
-        actions, _, _, next_state = self.model.act(obs, mask, state=state)
-        if next_state is not None:
-            self.states.update(zip(keys, next_state))
-        return self.model.dist.to_env(actions.numpy())
-
-    def forget(self, episode_idx: int) -> None:
-        """An episode ended: drop its agents' recurrent states."""
-        for key in [k for k in self.states if k[0] == episode_idx]:
-            del self.states[key]
 
 
 class SelfPlay:

@@ -19,7 +19,8 @@ from .config import Config
 from .distributions import make_distribution, mask_sizes
 from .ipc import SLOTS_FREED
 from .messages import PolicyRequest, Report, ReportKind
-from .multiagent import AgentLayout, FrozenPolicy
+from .agent_lanes import AgentLanes, FrozenPolicy
+from .multiagent import AgentLayout
 from .spaces import MASK_KEY, OBS_PREFIX, EnvSpec, ObsWriter, read_mask
 from .timing import StageTimer
 
@@ -48,7 +49,7 @@ class EnvGroup:
         self.episode_idx = [0] * len(envs)
 
 
-class RolloutWorker:
+class RolloutWorker(AgentLanes):
     def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, env_spec: EnvSpec,
                  buffers: TrajectoryBuffers, ctl: SharedControl, queues, serial: bool = False,
                  agents: Optional[AgentLayout] = None, frozen: Optional[dict] = None):
@@ -131,8 +132,10 @@ class RolloutWorker:
                     pass
 
     def pause(self, run: int) -> None:
-        """Between train() calls: envs keep their episodes, the slots their partial data."""
+        """Between train() calls: envs keep their episodes, the slots their partial data. The
+        last report goes out first, so the main process can wait for it (see Runner._pause)."""
         self.report()
+        self.buffers.paused_run[self.worker_idx] = run
 
     def resume(self) -> None:
         self.last_progress = max(self.last_progress, time.perf_counter())
@@ -249,106 +252,6 @@ class RolloutWorker:
         group.episode_idx[i] = self.episodes_started * self.cfg.num_workers + self.worker_idx
         group.policy_of[i], group.agent_return[i], group.agent_length[i] = {}, {}, {}
         self._write_agents(views, group, i, obs, info)
-
-    # --- multi-agent envs (see multiagent): one column per lane, idle lanes masked -----------
-    def _other_actions(self, group: EnvGroup) -> List[dict]:
-        """Per env of the group, {agent: action} of the agents that do not play the trained
-        policy: rule-based ones from their functions, frozen ones from one forward pass per
-        frozen policy for the whole group. (User code: its errors are not the env's.)"""
-        layout, out = self.agents, [{} for _ in group.envs]
-        batches = defaultdict(list)  # frozen policy id -> [(env, agent)]
-        for i, env in enumerate(group.envs):
-            policy_of, observations = group.policy_of[i], group.agent_obs[i]
-            for a in env.agents:
-                pid = policy_of[a]
-                if pid in self.frozen:
-                    batches[pid].append((i, a))
-                elif pid != layout.policy_id:
-                    out[i][a] = layout.act_rule_based(pid, a, observations[a])
-        for pid, who in batches.items():
-            acts = self.frozen[pid].act([group.agent_obs[i][a] for i, a in who],
-                                        [(group.episode_idx[i], a) for i, a in who])
-            for (i, a), action in zip(who, acts):
-                out[i][a] = action
-        return out
-
-    def _step_agents(self, group: EnvGroup, i: int, env, actions: list, others: dict,
-                     obs_out: dict, slot: int, t: int) -> None:
-        """Step one ParallelEnv: its trained agents act from their lanes' actions, the others
-        as ``others`` says; row t of its lanes is written (idle lanes: masked, done), and the
-        observations of t + 1."""
-        layout, policy_of, col0 = self.agents, group.policy_of[i], i * self.lanes
-        acting = {a: (actions[col0 + self.lane_idx[a]] if policy_of[a] == layout.policy_id
-                      else others[a]) for a in env.agents}
-        rewards_out, dones_out = self.rewards_np[slot, t], self.dones_np[slot, t]
-        truncated_out, versions_out = self.truncated_np[slot, t], self.versions_np[slot, t]
-        try:
-            observations, rewards, terms, truncs, infos = env.step(acting)
-            group.failures[i] = 0
-        except Exception:
-            if self.cfg.on_env_error == "abort":
-                raise
-            self._started(obs_out, group, i, *self._restart_env(group, i, slot, t)[:2])
-            cols = slice(col0, col0 + self.lanes)
-            rewards_out[cols], dones_out[cols], truncated_out[cols] = 0.0, True, False
-            return
-        for k, a in enumerate(layout.lanes):
-            col = col0 + k
-            if a in acting and policy_of[a] == layout.policy_id:
-                term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
-                rewards_out[col] = rewards.get(a, 0.0)
-                dones_out[col] = term or trunc or a not in env.agents
-                truncated_out[col] = trunc and not term
-            else:  # idle: this agent is gone, or plays another policy in this episode
-                rewards_out[col], dones_out[col], truncated_out[col] = 0.0, True, False
-                versions_out[col] = -1
-        self._count_agent_episodes(group, i, env, acting, rewards, terms, truncs)
-        if not env.agents:
-            try:
-                observations, infos = env.reset()
-            except Exception:
-                if self.cfg.on_env_error == "abort":
-                    raise
-                observations, infos = self._restart_env(group, i, slot, t)[:2]
-            self._started(obs_out, group, i, observations, infos)
-        else:
-            self._write_agents(obs_out, group, i, observations, infos)
-
-    def _count_agent_episodes(self, group: EnvGroup, i: int, env, acting: dict, rewards: dict,
-                              terms: dict, truncs: dict) -> None:
-        returns, lengths = group.agent_return[i], group.agent_length[i]
-        for a in acting:
-            returns[a] = returns.get(a, 0.0) + float(rewards.get(a, 0.0))
-            lengths[a] = lengths.get(a, 0) + 1
-            if terms.get(a) or truncs.get(a) or a not in env.agents:
-                pid = group.policy_of[i][a]
-                done = (self.episodes if pid == self.agents.policy_id else self.other_episodes[pid])
-                done.append((returns.pop(a), lengths.pop(a)))
-
-    def _write_agents(self, views: Dict[str, np.ndarray], group: EnvGroup, i: int,
-                      observations: dict, infos: dict) -> None:
-        """Map agents new to this episode, then write the observations of the trained policy's
-        agents into their lanes (an idle lane's mask allows everything: it is never checked)."""
-        layout, policy_of = self.agents, group.policy_of[i]
-        for a in observations:
-            if a not in policy_of:
-                pid = policy_of[a] = layout.policy_of(a, group.episode_idx[i])
-                if pid == layout.policy_id and a not in self.lane_idx:
-                    raise ValueError(
-                        f"policy_mapping({a!r}) returned the trained policy {pid!r} in episode "
-                        f"{group.episode_idx[i]}, but not when the run started, so {a!r} has no "
-                        "lane: a one-argument mapping must always give the same answer; take "
-                        "the episode as a second argument, fn(agent_id, episode_idx)")
-        group.agent_obs[i] = observations
-        col0 = i * self.lanes
-        for k, a in enumerate(layout.lanes):
-            if a in observations and policy_of[a] == layout.policy_id:
-                self.write_obs(views, col0 + k, observations[a])
-                if self.mask_source == "info":
-                    views[MASK_KEY][col0 + k] = np.asarray(
-                        read_mask(None, "info", None, infos.get(a, {})), bool).reshape(-1)
-            elif MASK_KEY in views:
-                views[MASK_KEY][col0 + k] = True
 
     def _write(self, views: Dict[str, np.ndarray], i: int, envs: list, obs, info) -> None:
         """Env ``i``'s observation (and the mask of its legal actions) into ``views``."""

@@ -45,6 +45,7 @@ from .rollout_worker import RolloutWorker
 JOIN_TIMEOUT = 5.0     # seconds a component gets to leave its loop before it is terminated
 LOOP_TIMEOUT = 0.1     # seconds of any single wait inside a component loop
 PAUSE_POLL = 0.005     # seconds between looks at the control vector while paused
+REPORT_WAIT = 2.0      # seconds a pause waits for the rollout workers' last reports
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 
 
@@ -514,7 +515,9 @@ class Runner:
 
     def _pause(self) -> None:
         """Pause every component and wait until the learner has left its update and saved its
-        state, so the weights and counters read next are final."""
+        state, so the weights and counters read next are final; then, for at most
+        REPORT_WAIT seconds, for the rollout workers' last reports (episodes and env restarts
+        up to the pause: the statistics a caller reads after train())."""
         self.ctl.set_run_state(self.run_idx, paused=True)
         deadline = time.monotonic() + self.cfg.worker_timeout
         while self.ctl[Ctl.LEARNER_PAUSED] != self.run_idx:
@@ -523,6 +526,10 @@ class Runner:
             if time.monotonic() > deadline:
                 raise WorkerError(f"the learner did not pause within worker_timeout="
                                   f"{self.cfg.worker_timeout} s")
+        deadline = time.monotonic() + REPORT_WAIT
+        while bool((self.buffers.paused_run < self.run_idx).any()) and time.monotonic() < deadline:
+            self._drain_reports(raise_errors=True, timeout=0.01)
+            self._check_alive()
 
     def snapshot(self) -> dict:
         """The learner's exact state, taken between two updates: weights, Adam, counters and

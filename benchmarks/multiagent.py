@@ -92,7 +92,8 @@ def self_play(rounds: int, round_steps: int) -> dict:
             print(f"self-play: {model.num_timesteps:,} agent steps, against the initial snapshot: "
                   f"{wins:.0%} won, {draws:.0%} drawn, {losses:.0%} lost", flush=True)
     return dict(task="tic-tac-toe self-play (win rate against the initial weights)", curve=curve,
-                seconds=time.perf_counter() - t0, final=wins, final_std=0.0, random=first[0])
+                seconds=time.perf_counter() - t0, final=wins, final_std=0.0, random=first[0],
+                reference=f"at the start {first[0]:.2f}")
 
 
 def random_return(make, episodes: int = 100) -> float:
@@ -185,12 +186,14 @@ def main():
                   policies={"hero": None, "bot": cycling_bot},
                   policy_mapping=lambda agent: "hero" if agent == "player_0" else "bot")]
     runs[0]["random"], runs[1]["random"] = random_spread, random_rps
+    for r in runs:
+        r["reference"] = f"random play {r['random']:.1f}"
     runs.append(self_play(args.rounds, args.round_steps))
     print(f"random play: simple_spread {random_spread:.2f}, RPS 0 (in expectation)")
     out = os.path.join(RESULTS, "multiagent_learning")
     write_runs(out, {"throughput": rate}, runs, ["task"], ["agent_steps", "seconds", "ep_rew_mean"])
     plot_curves(runs, "task", lambda task: task,
-                lambda r: ("C0", f"asyncrl (at the start: {r['random']:.2f})"), "agent steps",
+                lambda r: ("C0", f"asyncrl ({r['reference']})"), "agent steps",
                 "training return per agent; self-play: win rate", "asyncrl, multi-agent (2 cores)",
                 out + ".png")
 

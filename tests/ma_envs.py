@@ -212,3 +212,34 @@ class TicTacToe(ParallelEnv):
 
 def tictactoe():
     return TicTacToe()
+
+
+class Joining(Leaving):
+    """Agents a0 and a1 from the start; a2 joins after the first step. Every agent repeats its
+    cue for a reward of 1; the episode ends (truncated) after 3 steps."""
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents, self.t = ["a0", "a1"], 0
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        assert set(actions) == set(self.agents), (sorted(actions), self.agents)
+        self.t += 1
+        rewards = {a: float(int(actions[a]) == self.cues[a]) for a in self.agents}
+        end = self.t >= 3
+        truncs = {a: end for a in self.agents}
+        terms = {a: False for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if end:
+            obs = {a: np.zeros(2, np.float32) for a in self.agents}
+            self.agents = []
+            return obs, rewards, terms, truncs, infos
+        if self.t == 1:
+            self.agents = ["a0", "a1", "a2"]
+        return self._obs(), rewards, terms, truncs, infos
+
+
+def joining():
+    return Joining()

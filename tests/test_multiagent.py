@@ -70,6 +70,22 @@ def test_agents_leaving_mid_episode_are_masked_in_their_lanes(batches):
 
 
 @pytest.mark.timeout(60)
+def test_an_agent_joining_mid_episode_gets_its_lane_from_then_on(batches):
+    with APPO(ma_envs.joining, serial_mode=True, **FAST) as model:
+        model.train(1_500)
+        lengths = set(model.logger.ep_lengths)
+    for b in batches:
+        acting = (b.policy_versions >= 0).view(b.policy_versions.shape[0], -1, 3)
+        assert bool(acting[..., :2].all())  # a0 and a1 act at every step
+        in_episode = acting[..., 2].int()   # a2: idle at each episode's first step only: 0, 1, 1
+        nxt = {(0, 1), (1, 1), (1, 0)}
+        for row in in_episode.transpose(0, 1):  # [envs, T]: never idle twice in a row
+            for x, y in zip(row[:-1].tolist(), row[1:].tolist()):
+                assert (x, y) in nxt
+    assert lengths == {2, 3}  # a2's episodes are 2 steps long, a0's and a1's 3
+
+
+@pytest.mark.timeout(60)
 def test_a_trained_policy_learns_the_best_response_to_a_rule_based_one():
     """The bot always plays rock (a picklable function, run in the rollout workers); the hero
     learns paper: +1 a round. Both policies' returns are logged."""
