@@ -23,7 +23,7 @@ from .fileio import atomic_torch_save, make_scratch_dir
 from .learner import make_optimizer, rng_path
 from .logger import TrainLogger
 from .models import PolicySpec, build_checked
-from .multiagent import DEFAULT_POLICY, play_parallel_episode
+from .multiagent import DEFAULT_POLICY, AgentView, play_parallel_episode
 from .runner import Runner
 from .spaces import MASK_KEY, read_mask
 
@@ -128,7 +128,7 @@ class APPO:
         self._min_version = 0    # samples of older versions come from replaced weights
         self._optimizer_epoch = 0
         self._training = False   # inside train(): callbacks run, the learner owns the weights
-        self._eval_vec_env = None
+        self._eval_vec_envs: Dict[str, Any] = {}  # get_env(), per policy id
         self._tmpdir = make_scratch_dir()
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
         self._optimizer_path = os.path.join(self._tmpdir, "optimizer.pt")
@@ -301,13 +301,18 @@ class APPO:
                                 deterministic=deterministic, action_masks=masks, policy_id=pid)
         return act
 
-    def get_env(self):
+    def get_env(self, policy_id: Optional[str] = None):
         """A Stable-Baselines3 ``VecEnv`` of one evaluation env (Monitor-wrapped, whole games),
-        for SB3 tools such as ``evaluate_policy(model, model.get_env())``. Needs SB3 installed."""
-        if self.agents is not None:
-            raise NotImplementedError("get_env() returns a single-agent SB3 VecEnv; for a "
-                                      "multi-agent env use model.evaluate(policy_id=...)")
-        if self._eval_vec_env is None:
+        for SB3 tools such as ``evaluate_policy(model, model.get_env())``. Needs SB3 installed.
+        A multi-agent env: one agent's view (:class:`asyncrl.multiagent.AgentView`), the first
+        agent that plays ``policy_id`` (default: the trained policy) in each episode, the others
+        playing theirs."""
+        pid = policy_id or self.policy_id
+        if self.agents is None and pid != self.policy_id:
+            raise KeyError(f"policy_id={policy_id!r}: a single-agent model has one policy")
+        if self.agents is not None and pid not in self.agents.policy_ids:
+            raise KeyError(f"policy_id={pid!r}: this model's policies are {self.agents.policy_ids}")
+        if pid not in self._eval_vec_envs:
             try:
                 from stable_baselines3.common.monitor import Monitor
                 from stable_baselines3.common.vec_env import DummyVecEnv
@@ -315,8 +320,15 @@ class APPO:
                 raise ImportError("get_env() returns a Stable-Baselines3 VecEnv: pip install "
                                   "stable-baselines3 (or use model.evaluate())") from e
             factory = eval_env_factory(self.env_factory)
-            self._eval_vec_env = DummyVecEnv([lambda: Monitor(factory())])
-        return self._eval_vec_env
+            if self.agents is not None:
+                spec = self.frozen_specs.get(pid, self.policy_spec).env
+                spaces = (spec.observation_space, spec.action_space)
+                act, layout = self._agent_actor(deterministic=True), self.agents
+                make = lambda: AgentView(factory(), layout, pid, act, *spaces)  # noqa: E731
+            else:
+                make = factory
+            self._eval_vec_envs[pid] = DummyVecEnv([lambda: Monitor(make())])
+        return self._eval_vec_envs[pid]
 
     def get_vec_normalize_env(self) -> None:
         """SB3 API: no ``VecNormalize`` wrapper is used."""
@@ -477,9 +489,9 @@ class APPO:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
-        if self._eval_vec_env is not None:
-            self._eval_vec_env.close()
-            self._eval_vec_env = None
+        for vec_env in self._eval_vec_envs.values():
+            vec_env.close()
+        self._eval_vec_envs.clear()
         self.logger.close()
 
     def __enter__(self) -> "APPO":

@@ -254,3 +254,57 @@ class SelfPlay:
         model.set_parameters({pid: model.get_parameters()[self.trained]})
         self.replaced += 1
         return pid
+
+
+class AgentView(gym.Env):
+    """One agent's view of a multi-agent env, for single-agent tools (Stable-Baselines3's
+    ``evaluate_policy``): in each episode the first agent that plays ``policy_id`` is stepped
+    from outside; every other agent plays the policy the mapping gives it, through
+    ``act(policy id, obs, info, episode_start, state) -> (action, state)`` or its rule-based
+    function. The view's episode ends when its agent's does."""
+
+    def __init__(self, env: Any, layout: AgentLayout, policy_id: str, act: Callable,
+                 observation_space: gym.Space, action_space: gym.Space):
+        self.env, self.layout, self.policy_id, self.act = env, layout, policy_id, act
+        self.observation_space, self.action_space = observation_space, action_space
+        self.episodes = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.obs, self.infos = self.env.reset(seed=seed, options=options)
+        self.policy_of: Dict[str, str] = {}
+        self.states: Dict[str, Any] = {}
+        self.episode_idx, self.episodes = self.episodes, self.episodes + 1
+        self._map()
+        self.agent = next((a for a in self.obs if self.policy_of[a] == self.policy_id), None)
+        if self.agent is None:
+            raise RuntimeError(f"no agent plays policy {self.policy_id!r} at the start of episode "
+                               f"{self.episode_idx}")
+        return self.obs[self.agent], self.infos.get(self.agent, {})
+
+    def _map(self) -> None:
+        for a in self.obs:
+            if a not in self.policy_of:
+                self.policy_of[a] = self.layout.policy_of(a, self.episode_idx)
+
+    def step(self, action):
+        actions = {}
+        for a in self.env.agents:
+            pid = self.policy_of[a]
+            if a == self.agent:
+                actions[a] = action
+            elif pid in self.layout.rule_based:
+                actions[a] = self.layout.act_rule_based(pid, a, self.obs[a])
+            else:
+                actions[a], self.states[a] = self.act(pid, self.obs[a], self.infos.get(a, {}),
+                                                      a not in self.states, self.states.get(a))
+        last = self.obs[self.agent]
+        self.obs, rewards, terms, truncs, self.infos = self.env.step(actions)
+        self._map()
+        a = self.agent
+        terminated = bool(terms.get(a, False)) or (a not in self.env.agents and not truncs.get(a))
+        return (self.obs.get(a, last), float(rewards.get(a, 0.0)), terminated,
+                bool(truncs.get(a, False)), self.infos.get(a, {}))
+
+    def close(self):
+        self.env.close()

@@ -1,6 +1,8 @@
 """Multi-agent envs (PettingZoo ParallelEnv): a shared policy, a trained policy beside rule-based
 ones, the mapping (fixed or per episode), agents that leave mid-episode, different spaces per
 policy, parameters keyed by policy id, env crashes and clean shutdown."""
+import os
+import signal
 import threading
 
 import numpy as np
@@ -130,6 +132,16 @@ def test_agents_with_different_spaces_map_to_different_policies():
         assert model.config.learning_rate == 1e-3  # the policy's own override
         model.train(500)
         assert model.evaluate(3, policy_id="fixed")[0] == 1.0
+    # a frozen policy with its own spaces (and model): a (5,) input, 4 actions
+    with APPO(ma_envs.two_shapes, policies={"learner": None, "big": {"frozen": True,
+                                                                     "policy_kwargs": {"net_arch": [8]}}},
+              policy_mapping=lambda agent: "learner" if agent == "small" else "big",
+              serial_mode=True, **FAST) as model:
+        big = model.get_parameters()["big"]
+        assert big["action_head.weight"].shape == (4, 8)
+        assert model.get_parameters()["learner"]["action_head.weight"].shape[0] == 2
+        model.train(500)  # the env asserts both actions are in their own spaces
+        assert int(model.predict(np.zeros(5, np.float32), policy_id="big")[0]) in range(4)
 
 
 @pytest.mark.timeout(60)
@@ -247,3 +259,58 @@ def test_self_play_keeps_a_pool_of_snapshots_the_rollout_workers_play():
         seats = {self_play.policy_mapping("player_0", ep) == "hero" for ep in range(20)}
         opponents = {self_play.policy_mapping(a, ep) for ep in range(20) for a in ("player_0", "player_1")}
     assert seats == {True, False} and opponents == {"hero", "hero_past_0", "hero_past_1"}
+
+
+@pytest.mark.timeout(60)
+def test_one_policys_set_parameters_leaves_the_others_alone():
+    with APPO(ma_envs.rps, policies={"hero": None, "opp": {"frozen": True}},
+              policy_mapping=hero_vs_opp, serial_mode=True, **FAST) as model:
+        before = model.get_parameters()
+        rock = _always(before["opp"], ma_envs.ROCK)
+        model.set_parameters({"opp": rock})
+        after = model.get_parameters()
+        assert all(torch.equal(after["hero"][k], v) for k, v in before["hero"].items())
+        assert model.policy_version == 0  # the hero's samples stay valid
+        scissors = _always(before["opp"], ma_envs.SCISSORS)
+        model.set_parameters({"hero": scissors})
+        after = model.get_parameters()
+        assert all(torch.equal(after["opp"][k], v) for k, v in rock.items())
+        assert all(torch.equal(after["hero"][k], v) for k, v in scissors.items())
+        with pytest.raises(ValueError, match="shape mismatch"):
+            model.set_parameters({"opp": {**rock, "action_head.bias": torch.zeros(4)}})
+
+
+@pytest.mark.timeout(60)
+def test_get_env_gives_one_agents_view_for_stable_baselines3_tools():
+    from stable_baselines3.common.evaluation import evaluate_policy
+    with APPO(ma_envs.rps, policies={"hero": None, "bot": ma_envs.rock_bot},
+              policy_mapping=hero_vs_bot, serial_mode=True, **FAST) as model:
+        model.train(6_000)
+        mean, _ = evaluate_policy(model, model.get_env(), n_eval_episodes=5)
+        bot_view = model.get_env("bot")
+        obs = bot_view.reset()
+        assert obs.shape == (1, 3)
+        with pytest.raises(KeyError, match="policies are"):
+            model.get_env("nobody")
+    assert mean == 5.0
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_rollout_worker_of_a_multi_agent_run_is_replaced():
+    from test_worker_faults import wait_for_child
+    killed_at = []
+
+    def kill_then_train_on(model):
+        if not model.num_timesteps:
+            return None
+        if not killed_at:
+            os.kill(wait_for_child("rollout-0").pid, signal.SIGKILL)
+            killed_at.append(model.num_timesteps)
+            return None
+        return False if model.num_timesteps >= killed_at[0] + 4_000 else None
+
+    with APPO(ma_envs.leaving, **FAST) as model:
+        model.train(10 ** 8, callback=kill_then_train_on, callback_interval=0.1)
+        assert killed_at and model.logger.worker_restarts == 1
+        assert model.num_timesteps >= killed_at[0] + 4_000
+    assert worker_children() == []
