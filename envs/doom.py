@@ -17,7 +17,9 @@ truncations. ``make_env`` registers the ids inside every spawned worker, as it d
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -27,6 +29,43 @@ SCREEN, VARIABLES = "screen", "gamevariables"
 # working directory: one shared file in the temp directory instead of one in every folder a
 # script runs from.
 DOOM_CONFIG_PATH = os.path.join(tempfile.gettempdir(), "asyncrl_vizdoom.ini")
+
+
+# Each game's controller and engine talk through files in /dev/shm named after the game's
+# instance id (ViZDoomSM<id>, ViZDoomMQCtr<id>, ViZDoomMQDoom<id>), removed when the game closes:
+# an engine killed with its worker (SIGKILL) leaves them behind.
+SHM_DIR = "/dev/shm"
+SHM_FILE = re.compile(r"^ViZDoom(?:SM|MQCtr|MQDoom)(\w+)$")
+ENGINE_ID = re.compile(rb"\+viz_instance_id\x00(\w+)")
+
+
+def remove_orphaned_shm_files(min_age: float = 60.0) -> list:
+    """Remove the /dev/shm files of VizDoom games whose engine process is gone (no running
+    process has their instance id on its command line), older than ``min_age`` seconds (a game
+    starting now may have written its files before its engine runs). Returns the removed paths."""
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if SHM_FILE.match(n)]
+    except OSError:
+        return []
+    if not names:
+        return []
+    live = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                live.update(m.decode() for m in ENGINE_ID.findall(f.read()))
+        except OSError:  # gone, or not ours to read
+            continue
+    removed, now = [], time.time()
+    for name in names:
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if SHM_FILE.match(name).group(1) not in live and now - os.stat(path).st_mtime >= min_age:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:  # removed meanwhile
+            continue
+    return removed
 
 
 def is_doom_id(env_id: str) -> bool:
@@ -75,6 +114,7 @@ def make_doom(env_id: str, *, frame_skip: int = 4, resolution: str = "160x120",
     from there to the DoomGame's config, e.g. ``doom_skill=3``)."""
     if not register():
         raise ImportError(f"{env_id!r} needs vizdoom: pip install 'asyncrl[doom]'")
+    remove_orphaned_shm_files()
     env = gym.make(env_id, frame_skip=frame_skip, **{
         "screen_resolution": f"RES_{resolution.upper()}", "doom_config_path": DOOM_CONFIG_PATH,
         **make_kwargs})

@@ -109,3 +109,7 @@ def test_engines_of_a_killed_rollout_worker_do_not_outlive_it():
     while _engines() - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _engines() - before == set()
+    # The killed engines' files in /dev/shm (3 a game) are swept, those of live games kept (a
+    # new Doom env sweeps files older than 60 s)
+    from asyncrl.envs.doom import remove_orphaned_shm_files
+    assert len(remove_orphaned_shm_files(min_age=0.0)) >= 6
