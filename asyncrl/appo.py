@@ -64,9 +64,10 @@ class APPO:
         values [N])``; None: the built-in actor-critic.
     :param policies: for a multi-agent env (a factory returning a PettingZoo ``ParallelEnv``):
         ``{policy id: None}`` for the trained policy (the defaults; a dict of overrides instead:
-        ``policy_kwargs``, ``policy`` and config fields), ``{policy id: fn(obs) -> action}`` for
-        rule-based ones, run in the rollout workers. One policy is trained per run. None: every
-        agent plays one shared policy, ``"policy"``.
+        ``policy_kwargs``, ``policy`` and config fields), ``{policy id: {"frozen": True}}`` for
+        frozen ones (weights set with ``set_parameters``, never trained), ``{policy id: fn(obs)
+        -> action}`` for rule-based ones; frozen and rule-based ones run in the rollout workers.
+        One policy is trained per run. None: every agent plays one shared policy, ``"policy"``.
     :param policy_mapping: ``fn(agent_id)`` (fixed) or ``fn(agent_id, episode_idx)`` returning
         the policy id an agent plays, called when the agent first appears in an episode;
         lambdas and closures are fine (cloudpickle).
@@ -249,10 +250,7 @@ class APPO:
         ``policy_id`` (a multi-agent env): the trained policy's id (the default), a frozen one's,
         or a rule-based one's, whose function is applied to the one observation given."""
         model, spec = self.policy, self.policy_spec
-        if policy_id is not None and policy_id != self.policy_id:
-            if self.agents is None or policy_id not in self.agents.policy_ids:
-                raise KeyError(f"policy_id={policy_id!r}: this model's policies are "
-                               f"{[self.policy_id] if self.agents is None else self.agents.policy_ids}")
+        if self._policy_id(policy_id) != self.policy_id:
             if policy_id in self.agents.rule_based:
                 return self.agents.act_rule_based(policy_id, "(predict)", observation), state
             model, spec = self.frozen[policy_id], self.frozen_specs[policy_id]
@@ -276,10 +274,8 @@ class APPO:
         episode, each agent playing the policy the mapping gives it."""
         env = eval_env_factory(self.env_factory)()
         try:
+            pid = self._policy_id(policy_id)
             if self.agents is not None:
-                pid = policy_id or self.policy_id
-                if pid not in self.agents.policy_ids:
-                    raise KeyError(f"policy_id={pid!r}: this model's policies are {self.agents.policy_ids}")
                 returns = [play_parallel_episode(self.agents, env, self._agent_actor(deterministic),
                                                  None if seed is None else seed + ep, ep).get(pid, np.nan)
                            for ep in range(n_episodes)]
@@ -290,6 +286,13 @@ class APPO:
         finally:
             env.close()
         return float(np.mean(returns)), float(np.std(returns))
+
+    def _policy_id(self, policy_id: Optional[str]) -> str:
+        """``policy_id``, or the trained policy's for None; an unknown one raises KeyError."""
+        ids = [self.policy_id] if self.agents is None else self.agents.policy_ids
+        if policy_id is not None and policy_id not in ids:
+            raise KeyError(f"policy_id={policy_id!r}: this model's policies are {ids}")
+        return policy_id or self.policy_id
 
     def _agent_actor(self, deterministic: bool) -> Callable:
         """act(policy id, obs, info, start, state) -> (action, state) with a trained or frozen
@@ -307,11 +310,7 @@ class APPO:
         A multi-agent env: one agent's view (:class:`asyncrl.multiagent.AgentView`), the first
         agent that plays ``policy_id`` (default: the trained policy) in each episode, the others
         playing theirs."""
-        pid = policy_id or self.policy_id
-        if self.agents is None and pid != self.policy_id:
-            raise KeyError(f"policy_id={policy_id!r}: a single-agent model has one policy")
-        if self.agents is not None and pid not in self.agents.policy_ids:
-            raise KeyError(f"policy_id={pid!r}: this model's policies are {self.agents.policy_ids}")
+        pid = self._policy_id(policy_id)
         if pid not in self._eval_vec_envs:
             try:
                 from stable_baselines3.common.monitor import Monitor

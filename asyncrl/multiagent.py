@@ -63,7 +63,7 @@ def _pickled(fn: Callable, what: str) -> bytes:
 class AgentLayout:
     """What the engine knows of a multi-agent env's agents, checked in the main process and
     pickled to every rollout worker: the trained policy's id and the agents that have lanes,
-    the rule-based policies, and the mapping."""
+    the frozen policies' ids, the rule-based policies, and the mapping (both cloudpickled)."""
 
     def __init__(self, possible_agents: List[str], policy_id: str, lanes: List[str],
                  rule_based: Dict[str, Callable], mapping: Optional[Callable],
@@ -162,8 +162,11 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
         raise ConfigError(f"policy_mapping={policy_mapping!r}: expected fn(agent_id) or "
                           "fn(agent_id, episode_idx) returning a policy id")
     layout = AgentLayout(agents, policy_id, [], rule_based, policy_mapping, frozen)
-    for a in agents:
-        layout.policy_of(a, 0)  # a mapping that fails, fails here
+    for a in agents:  # a mapping that fails, fails here
+        try:
+            layout.policy_of(a, 0)
+        except (RuntimeError, ValueError) as e:
+            raise ConfigError(str(e).split("\n")[0]) from e
     layout.lanes = agents_of(layout, policy_id)
     spaces = {}
     for pid in (policy_id, *frozen):
