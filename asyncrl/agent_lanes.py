@@ -61,8 +61,13 @@ class FrozenPolicy:
 
 class AgentLanes:
     """The rollout worker's steps of PettingZoo ParallelEnvs (a mixin of RolloutWorker: it uses
-    the worker's buffers, ``agents`` layout, ``lanes``, ``lane_idx``, ``frozen`` policies and its
-    env restarts)."""
+    the worker's buffers, ``agents`` layout, ``lanes`` per env, ``frozen`` policies and its env
+    restarts). An agent that plays the trained policy holds a lane of its env from its first
+    step in an episode to its last (``group.lane_of``/``lane_agent``)."""
+
+    def _lane_agent(self, group_idx: int, col: int):
+        """The agent in column ``col`` of a group's slot (None: an idle lane)."""
+        return self.groups[group_idx].lane_agent[col // self.lanes][col % self.lanes]
 
     def _other_actions(self, group) -> List[dict]:
         """Per env of the group, {agent: action} of the agents that do not play the trained
@@ -90,9 +95,8 @@ class AgentLanes:
         """Step one ParallelEnv: its trained agents act from their lanes' actions, the others
         as ``others`` says; row t of its lanes is written (idle lanes: masked, done), and the
         observations of t + 1."""
-        layout, policy_of, col0 = self.agents, group.policy_of[i], i * self.lanes
-        acting = {a: (actions[col0 + self.lane_idx[a]] if policy_of[a] == layout.policy_id
-                      else others[a]) for a in env.agents}
+        lane_of, col0 = group.lane_of[i], i * self.lanes
+        acting = {a: (actions[col0 + lane_of[a]] if a in lane_of else others[a]) for a in env.agents}
         rewards_out, dones_out = self.rewards_np[slot, t], self.dones_np[slot, t]
         truncated_out, versions_out = self.truncated_np[slot, t], self.versions_np[slot, t]
         try:
@@ -105,14 +109,14 @@ class AgentLanes:
             cols = slice(col0, col0 + self.lanes)
             rewards_out[cols], dones_out[cols], truncated_out[cols] = 0.0, True, False
             return
-        for k, a in enumerate(layout.lanes):
+        for k, a in enumerate(group.lane_agent[i]):
             col = col0 + k
-            if a in acting and policy_of[a] == layout.policy_id:
+            if a is not None and a in acting:
                 term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
                 rewards_out[col] = rewards.get(a, 0.0)
                 dones_out[col] = term or trunc or a not in env.agents
                 truncated_out[col] = trunc and not term
-            else:  # idle: this agent is gone, or plays another policy in this episode
+            else:  # idle: no agent of the trained policy holds it
                 rewards_out[col], dones_out[col], truncated_out[col] = 0.0, True, False
                 versions_out[col] = -1
         self._count_agent_episodes(group, i, env, acting, rewards, terms, truncs)
@@ -127,6 +131,18 @@ class AgentLanes:
         else:
             self._write_agents(obs_out, group, i, observations, infos)
 
+    def _take_lane(self, group, i: int, agent: str) -> None:
+        lane_agent = group.lane_agent[i]
+        if None not in lane_agent:
+            raise ValueError(
+                f"{self.name}: agent {agent!r} plays the trained policy {self.agents.policy_id!r} "
+                f"in episode {group.episode_idx[i]} while {lane_agent} do: more than the "
+                f"{self.lanes} lane(s) an env has. A fixed mapping, fn(agent_id), must always give "
+                "the same answer (take the episode as a second argument if it varies); with a "
+                "per-episode mapping, raise the policy's 'agents_per_env'")
+        k = lane_agent.index(None)
+        lane_agent[k], group.lane_of[i][agent] = agent, k
+
     def _count_agent_episodes(self, group, i: int, env, acting: dict, rewards: dict,
                               terms: dict, truncs: dict) -> None:
         returns, lengths = group.agent_return[i], group.agent_length[i]
@@ -137,25 +153,24 @@ class AgentLanes:
                 pid = group.policy_of[i][a]
                 done = (self.episodes if pid == self.agents.policy_id else self.other_episodes[pid])
                 done.append((returns.pop(a), lengths.pop(a)))
+                if a in group.lane_of[i]:  # its lane is free for an agent that comes later
+                    group.lane_agent[i][group.lane_of[i].pop(a)] = None
 
     def _write_agents(self, views: Dict[str, np.ndarray], group, i: int,
                       observations: dict, infos: dict) -> None:
-        """Map agents new to this episode, then write the observations of the trained policy's
-        agents into their lanes (an idle lane's mask allows everything: it is never checked)."""
-        layout, policy_of = self.agents, group.policy_of[i]
+        """Map agents new to this episode (one of the trained policy takes a free lane), then
+        write the observations of the trained policy's agents into their lanes (an idle lane's
+        mask allows everything: it is never checked)."""
+        layout, policy_of, lane_agent = self.agents, group.policy_of[i], group.lane_agent[i]
         for a in observations:
             if a not in policy_of:
                 pid = policy_of[a] = layout.policy_of(a, group.episode_idx[i])
-                if pid == layout.policy_id and a not in self.lane_idx:
-                    raise ValueError(
-                        f"policy_mapping({a!r}) returned the trained policy {pid!r} in episode "
-                        f"{group.episode_idx[i]}, but not when the run started, so {a!r} has no "
-                        "lane: a one-argument mapping must always give the same answer; take "
-                        "the episode as a second argument, fn(agent_id, episode_idx)")
+                if pid == layout.policy_id:
+                    self._take_lane(group, i, a)
         group.agent_obs[i] = observations
         col0 = i * self.lanes
-        for k, a in enumerate(layout.lanes):
-            if a in observations and policy_of[a] == layout.policy_id:
+        for k, a in enumerate(lane_agent):
+            if a is not None and a in observations:
                 self.write_obs(views, col0 + k, observations[a])
                 if self.mask_source == "info":
                     views[MASK_KEY][col0 + k] = np.asarray(

@@ -64,7 +64,8 @@ class APPO:
         values [N])``; None: the built-in actor-critic.
     :param policies: for a multi-agent env (a factory returning a PettingZoo ``ParallelEnv``):
         ``{policy id: None}`` for the trained policy (the defaults; a dict of overrides instead:
-        ``policy_kwargs``, ``policy`` and config fields), ``{policy id: {"frozen": True}}`` for
+        ``policy_kwargs``, ``policy``, config fields, and ``agents_per_env``: the most agents of
+        one env that play it at once, with a per-episode mapping), ``{policy id: {"frozen": True}}`` for
         frozen ones (weights set with ``set_parameters``, never trained), ``{policy id: fn(obs)
         -> action}`` for rule-based ones; frozen and rule-based ones run in the rollout workers.
         One policy is trained per run. None: every agent plays one shared policy, ``"policy"``.
@@ -93,7 +94,7 @@ class APPO:
         policy_kwargs = overrides.pop("policy_kwargs", policy_kwargs)
         policy = overrides.pop("policy", policy)
         kwargs.update(overrides)
-        lanes = 1 if self.agents is None else len(self.agents.lanes)
+        lanes = 1 if self.agents is None else self.agents.num_lanes
         if kwargs.setdefault("lanes_per_env", lanes) != lanes:
             raise ConfigError(f"lanes_per_env={kwargs['lanes_per_env']!r}: it is set by the engine "
                               f"from the env's agents ({lanes} here); leave it out")

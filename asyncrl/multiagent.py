@@ -1,18 +1,19 @@
 """Multi-agent envs (PettingZoo's ``ParallelEnv``): which policy each agent plays, and the lanes
 of a trajectory slot.
 
-A slot belongs to the trained policy. Each env of a group has one *lane* (a column of the slot)
-per agent that may map to that policy; a lane holds its agent's trajectory while the agent acts
-for the trained policy and is masked otherwise (policy version -1, ``done``: nothing bootstraps
-across), so agents that join, leave, or play another policy for an episode need no special case
-in the policy worker or the learner. Rule-based policies are plain functions run in the rollout
+A slot belongs to the trained policy. Each env of a group has ``num_lanes`` *lanes* (columns of
+the slot): an agent that plays the trained policy takes a free lane when it appears in an episode
+and frees it when its episode ends; a lane without such an agent is masked (policy version -1,
+``done``: nothing bootstraps across), so agents that join, leave, or play another policy for an
+episode need no special case in the policy worker or the learner. Rule-based policies are plain functions run in the rollout
 worker: no slot, no inference. Frozen policies (weights set by the user, not trained: opponents,
 past snapshots in self-play) run in the rollout worker too, one forward pass per group step
 (see agent_lanes, where the rollout worker steps these envs).
 
 ``policy_mapping(agent_id)`` or ``policy_mapping(agent_id, episode_idx)`` is called when an
-agent first appears in an episode; with one argument it is taken to be fixed, and only the
-agents it maps to the trained policy get lanes.
+agent first appears in an episode; with one argument it is taken to be fixed, and an env has as
+many lanes as agents it maps to the trained policy; with two, as many as it has agents, unless
+the trained policy's ``agents_per_env`` says fewer play it at once (self-play: 1).
 """
 from __future__ import annotations
 
@@ -62,13 +63,15 @@ def _pickled(fn: Callable, what: str) -> bytes:
 
 class AgentLayout:
     """What the engine knows of a multi-agent env's agents, checked in the main process and
-    pickled to every rollout worker: the trained policy's id and the agents that have lanes,
-    the frozen policies' ids, the rule-based policies, and the mapping (both cloudpickled)."""
+    pickled to every rollout worker: the trained policy's id, the agents that may play it
+    (``players``) and the lanes per env, the frozen policies' ids, the rule-based policies, and
+    the mapping (both cloudpickled)."""
 
-    def __init__(self, possible_agents: List[str], policy_id: str, lanes: List[str],
+    def __init__(self, possible_agents: List[str], policy_id: str, players: List[str],
                  rule_based: Dict[str, Callable], mapping: Optional[Callable],
                  frozen: Optional[List[str]] = None):
-        self.possible_agents, self.policy_id, self.lanes = list(possible_agents), policy_id, lanes
+        self.possible_agents, self.policy_id, self.players = list(possible_agents), policy_id, players
+        self.num_lanes = len(players)
         self.frozen = list(frozen or [])
         self.policy_ids = [policy_id, *self.frozen, *rule_based]
         self._rule_based = {pid: _pickled(fn, f"rule-based policy {pid!r}")
@@ -167,7 +170,8 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
             layout.policy_of(a, 0)
         except (RuntimeError, ValueError) as e:
             raise ConfigError(str(e).split("\n")[0]) from e
-    layout.lanes = agents_of(layout, policy_id)
+    layout.players = agents_of(layout, policy_id)
+    layout.num_lanes = len(layout.players)
     spaces = {}
     for pid in (policy_id, *frozen):
         players = agents_of(layout, pid)
@@ -185,6 +189,12 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
                         "spaces: map them to different policies (policies= and policy_mapping=)")
         overrides = {k: v for k, v in (policies[pid] or {}).items() if k != "frozen"}
         spaces[pid] = (obs_space, act_space, overrides)
+    at_once = spaces[policy_id][2].pop("agents_per_env", None)
+    if at_once is not None:
+        if not (isinstance(at_once, int) and 1 <= at_once <= len(layout.players)):
+            raise ConfigError(f"policies[{policy_id!r}]['agents_per_env']={at_once!r}: expected an "
+                              f"integer from 1 to {len(layout.players)} (the agents that may play it)")
+        layout.num_lanes = at_once
     return layout, spaces
 
 
@@ -233,12 +243,14 @@ class SelfPlay:
     """
 
     def __init__(self, seats: List[str], trained: str = "hero", pool_size: int = 4):
+        """``seats``: the agents of the game (the trained policy plays one per episode)."""
         if len(seats) < 2 or pool_size < 1:
             raise ConfigError(f"SelfPlay: needs at least two seats (got {seats}) and a pool of at "
                               f"least one snapshot (got {pool_size})")
         self.seats, self.trained = list(seats), trained
         self.pool = [f"{trained}_past_{k}" for k in range(pool_size)]
-        self.policies: Dict[str, Any] = {trained: None, **{p: {"frozen": True} for p in self.pool}}
+        self.policies: Dict[str, Any] = {trained: {"agents_per_env": 1},  # one seat an episode
+                                         **{p: {"frozen": True} for p in self.pool}}
         self.replaced = 0  # snapshots taken so far (the next one replaces the oldest)
 
     def policy_mapping(self, agent: str, episode_idx: int) -> str:

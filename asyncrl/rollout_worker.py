@@ -47,6 +47,9 @@ class EnvGroup:
         self.agent_return: List[dict] = [{} for _ in envs]
         self.agent_length: List[dict] = [{} for _ in envs]
         self.episode_idx = [0] * len(envs)
+        # the trained policy's lanes of each env: agent -> lane, lane -> agent (None: idle)
+        self.lane_of: List[dict] = [{} for _ in envs]
+        self.lane_agent: List[list] = [[None] * lanes_per_env for _ in envs]
 
 
 class RolloutWorker(AgentLanes):
@@ -58,8 +61,7 @@ class RolloutWorker(AgentLanes):
         # frozen policies (a multi-agent env): id -> FrozenPolicy, built in init
         self.frozen = {pid: FrozenPolicy(spec, cfg, weights)
                        for pid, (spec, weights) in (frozen or {}).items()}
-        self.lanes = 1 if agents is None else len(agents.lanes)  # columns per env
-        self.lane_idx = {} if agents is None else {a: k for k, a in enumerate(agents.lanes)}
+        self.lanes = 1 if agents is None else agents.num_lanes  # columns per env
         self.buffers, self.ctl, self.serial = buffers, ctl, serial
         self.name = f"rollout-{worker_idx}"
         self.policy_idx = worker_idx % cfg.num_policy_workers  # the policy worker it asks
@@ -114,8 +116,8 @@ class RolloutWorker(AgentLanes):
                 seed = (cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
                         + 7_919 * cfg.num_envs_per_worker * self.incarnation) % 2 ** 31
                 self._started(group.last_obs, group, i, *self._start_env(group, i, seed))
-            self._check_masks(group.last_obs, g)
             self.groups.append(group)
+            self._check_masks(group.last_obs, g)
         self.last_report = time.perf_counter()
         self.last_progress = time.perf_counter()
         self._claim_slots()
@@ -251,6 +253,7 @@ class RolloutWorker(AgentLanes):
         self.episodes_started += 1
         group.episode_idx[i] = self.episodes_started * self.cfg.num_workers + self.worker_idx
         group.policy_of[i], group.agent_return[i], group.agent_length[i] = {}, {}, {}
+        group.lane_of[i], group.lane_agent[i] = {}, [None] * self.lanes
         self._write_agents(views, group, i, obs, info)
 
     def _write(self, views: Dict[str, np.ndarray], i: int, envs: list, obs, info) -> None:
@@ -271,7 +274,7 @@ class RolloutWorker(AgentLanes):
         col = int(np.flatnonzero(~ok.all(axis=1))[0])
         i = col // self.lanes
         env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * self.cfg.envs_per_group + i
-        agent = "" if self.agents is None else f", agent {self.agents.lanes[col % self.lanes]!r}"
+        agent = "" if self.agents is None else f", agent {self._lane_agent(group_idx, col)!r}"
         raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}{agent}): its action mask "
                          f"allows no action in dimension {int(np.flatnonzero(~ok[col])[0])}; every "
                          "observation needs at least one legal action per dimension")
@@ -324,7 +327,7 @@ class RolloutWorker(AgentLanes):
         i = col // self.lanes
         what = f"reward {rewards[col]}" if bad_reward[col] else "observation with NaN/Inf"
         if self.agents is not None:
-            what += f" for agent {self.agents.lanes[col % self.lanes]!r}"
+            what += f" for agent {self._lane_agent(group_idx, col)!r}"
         env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * self.cfg.envs_per_group + i
         raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}: "
                          f"{self.groups[group_idx].envs[i]}) returned a non-finite {what}")

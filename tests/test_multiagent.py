@@ -105,20 +105,38 @@ def test_a_trained_policy_learns_the_best_response_to_a_rule_based_one():
     assert scalars["rollout/ep_rew_mean"] > 3.0 and scalars["rollout/bot/ep_rew_mean"] < -3.0
 
 
+def seat_by_episode(agent, episode):
+    """The hero plays seat 0 in even episodes, seat 1 in odd ones."""
+    return "hero" if int(agent[-1]) == episode % 2 else "bot"
+
+
 @pytest.mark.timeout(60)
-def test_a_per_episode_mapping_gives_every_agent_a_lane_and_masks_the_idle_ones(batches):
-    """fn(agent_id, episode_idx) (a lambda): the hero plays seat 0 in even episodes, seat 1 in
-    odd ones, so both seats have lanes, each idle in half of the episodes."""
-    mapping = lambda agent, episode: "hero" if int(agent[-1]) == episode % 2 else "bot"  # noqa: E731
-    with APPO(ma_envs.rps, policies={"hero": None, "bot": ma_envs.rock_bot},
-              policy_mapping=mapping, serial_mode=True, **FAST) as model:
-        assert model.config.lanes_per_env == 2
+@pytest.mark.parametrize("at_once", [None, 1])
+def test_a_per_episode_mapping_gives_its_agents_lanes_and_masks_the_idle_ones(batches, at_once):
+    """fn(agent_id, episode_idx): the hero plays either seat, one an episode. By default an env
+    has a lane per agent (one idle: half the samples masked); with agents_per_env=1, one lane,
+    which the hero's seat of the episode takes: none masked."""
+    hero = None if at_once is None else {"agents_per_env": at_once}
+    with APPO(ma_envs.rps, policies={"hero": hero, "bot": ma_envs.rock_bot},
+              policy_mapping=seat_by_episode, serial_mode=True, **FAST) as model:
+        assert model.config.lanes_per_env == (2 if at_once is None else 1)
         model.train(12_000)
         seat_scores = [model.evaluate(1, seed=0, policy_id="hero")[0],  # episode 0: seat 0
                        model.evaluate(2, seed=0, policy_id="hero")[0]]  # and 1: seat 1
     acting = torch.cat([(b.policy_versions >= 0).float().flatten() for b in batches])
-    assert 0.4 < float(acting.mean()) < 0.6
+    if at_once is None:
+        assert 0.4 < float(acting.mean()) < 0.6
+    else:
+        assert float(acting.mean()) == 1.0
     assert seat_scores == [5.0, 5.0]
+
+
+@pytest.mark.timeout(60)
+def test_more_agents_of_the_trained_policy_than_lanes_is_a_clear_error():
+    with APPO(ma_envs.rps, policies={"hero": {"agents_per_env": 1}, "bot": ma_envs.rock_bot},
+              policy_mapping=lambda agent, episode: "hero", serial_mode=True, **FAST) as model:
+        with pytest.raises(ValueError, match="raise the policy's 'agents_per_env'"):
+            model.train(1_000)
 
 
 @pytest.mark.timeout(60)
@@ -172,7 +190,7 @@ def test_parameters_are_keyed_by_policy_id_and_round_trip(tmp_path):
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("case", ["two_trained", "unknown_id", "mapping_raises", "unpicklable",
-                                  "no_mapping", "single_agent", "lanes"])
+                                  "no_mapping", "single_agent", "lanes", "at_once"])
 def test_bad_multi_agent_settings_fail_early_and_say_what_to_change(case):
     lock = threading.Lock()
     env, kw, match = ma_envs.rps, dict(policies={"hero": None, "bot": ma_envs.rock_bot},
@@ -185,6 +203,8 @@ def test_bad_multi_agent_settings_fail_early_and_say_what_to_change(case):
         kw["policy_mapping"], match = (lambda agent: {}[agent]), "policy_mapping failed for agent"
     elif case == "unpicklable":
         kw["policies"], match = {"hero": None, "bot": lambda obs, lock=lock: 0}, "cannot be pickled"
+    elif case == "at_once":
+        kw["policies"], match = {"hero": {"agents_per_env": 3}, "bot": ma_envs.rock_bot}, "from 1 to 1"
     elif case == "no_mapping":
         del kw["policy_mapping"]
         match = "no policy_mapping"
@@ -242,7 +262,7 @@ def test_self_play_keeps_a_pool_of_snapshots_the_rollout_workers_play():
     self_play = SelfPlay(["player_0", "player_1"], pool_size=2)
     with APPO(ma_envs.tictactoe, policies=self_play.policies,
               policy_mapping=self_play.policy_mapping, serial_mode=True, **FAST) as model:
-        assert model.config.lanes_per_env == 2  # the hero may play either seat
+        assert model.config.lanes_per_env == 1  # the hero plays one seat an episode, either
         self_play.fill(model)
         initial = model.get_parameters()["hero"]
         model.train(2_000)
