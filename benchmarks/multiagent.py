@@ -1,6 +1,6 @@
 """Multi-agent envs (PettingZoo ParallelEnv): learning curves and throughput.
 
-    python benchmarks/multiagent.py [--steps 2000000] [--bot_steps 200000] [--rounds 8]
+    python benchmarks/multiagent.py [--steps 2000000] [--bot_steps 200000] [--bot_seeds 4] [--rounds 8]
                                     [--round_steps 50000] [--seconds 60]
 
 - ``simple_spread``: MPE2's simple_spread_v3 (3 agents, 25 steps, discrete actions), every agent
@@ -9,7 +9,8 @@
   greedy episodes after, beside random play's return.
 - ``best response``: repeated rock-paper-scissors against a rule-based bot that cycles rock,
   paper, scissors; the hero sees the bot's last move, so its best response (+5 an episode) is a
-  function of what it sees. The bot runs in the rollout workers.
+  function of what it sees. The bot runs in the rollout workers. ``--bot_seeds`` runs (seeds 0,
+  1, ...): some settle on +3, losing the first round, where the hero has seen nothing yet.
 - ``self-play``: tic-tac-toe (a ParallelEnv with action masks; tests/ma_envs.py), the hero
   against a pool of 4 of its past snapshots (``SelfPlay``), a snapshot taken after each round of
   ``--round_steps``; after each round, 200 games (sampled moves, seats alternating) against a
@@ -174,6 +175,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2_000_000)
     ap.add_argument("--bot_steps", type=int, default=200_000)
+    ap.add_argument("--bot_seeds", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--round_steps", type=int, default=50_000)
     ap.add_argument("--seconds", type=float, default=60.0)
@@ -181,19 +183,21 @@ def main():
     os.makedirs(RESULTS, exist_ok=True)
     rate = throughput(args.seconds)
     random_spread, random_rps = random_return(make_simple_spread), 0.0
-    runs = [learn(make_simple_spread, args.steps, "simple_spread (shared policy)", seed=0),
-            learn(make_rps, args.bot_steps, "RPS against a cycling bot", seed=0,
-                  policies={"hero": None, "bot": cycling_bot},
-                  policy_mapping=lambda agent: "hero" if agent == "player_0" else "bot")]
-    runs[0]["random"], runs[1]["random"] = random_spread, random_rps
+    runs = [learn(make_simple_spread, args.steps, "simple_spread (shared policy)", seed=0)]
+    runs[0]["random"] = random_spread
+    for seed in range(args.bot_seeds):
+        runs.append(learn(make_rps, args.bot_steps, "RPS against a cycling bot", seed=seed,
+                          policies={"hero": None, "bot": cycling_bot},
+                          policy_mapping=lambda agent: "hero" if agent == "player_0" else "bot"))
+        runs[-1].update(random=random_rps, seed=seed)
     for r in runs:
-        r["reference"] = f"random play {r['random']:.1f}"
+        r["reference"] = f"random play {r['random']:.1f}" + (f", seed {r['seed']}" if "seed" in r else "")
     runs.append(self_play(args.rounds, args.round_steps))
     print(f"random play: simple_spread {random_spread:.2f}, RPS 0 (in expectation)")
     out = os.path.join(RESULTS, "multiagent_learning")
     write_runs(out, {"throughput": rate}, runs, ["task"], ["agent_steps", "seconds", "ep_rew_mean"])
     plot_curves(runs, "task", lambda task: task,
-                lambda r: ("C0", f"asyncrl ({r['reference']})"), "agent steps",
+                lambda r: (f"C{r.get('seed', 0)}", f"asyncrl ({r['reference']})"), "agent steps",
                 "training return per agent; self-play: win rate", "asyncrl, multi-agent (2 cores)",
                 out + ".png")
 
