@@ -22,7 +22,7 @@ import sys
 import time
 from typing import List, Optional
 
-from .config import Config, ConfigError
+from .config import ENGINE_SET, Config, ConfigError
 from .fileio import atomic_open
 
 COMMANDS = ("train", "enjoy", "evaluate", "plot", "benchmark")
@@ -43,6 +43,8 @@ def add_config_flags(ap: argparse.ArgumentParser) -> None:
     from the parsed namespace."""
     group = ap.add_argument_group("config fields (asyncrl.Config)")
     for f in dataclasses.fields(Config):
+        if f.name in ENGINE_SET:
+            continue
         group.add_argument(f"--{f.name}", type=parse_value, default=argparse.SUPPRESS,
                            help=f"{f.metadata['doc']} (default: {f.default!r})")
 

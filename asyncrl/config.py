@@ -18,6 +18,7 @@ CNNS = ("nature", "doom", "tiny")
 # APPO they are plain attributes (a number, or a schedule: progress_remaining -> number).
 MUTABLE_HPARAMS = ("learning_rate", "gamma", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm",
                    "vtrace_lambda")
+ENGINE_SET = ("lanes_per_env",)  # fields the engine derives from the env: no command-line flag
 DEVICES_HINT = '"cpu", "cuda", "cuda:N" or "auto"'
 
 
