@@ -526,6 +526,7 @@ class Runner:
             if time.monotonic() > deadline:
                 raise WorkerError(f"the learner did not pause within worker_timeout="
                                   f"{self.cfg.worker_timeout} s")
+        self.queues.ring_all()  # a rollout worker waiting for actions or slots sees the pause now
         deadline = time.monotonic() + REPORT_WAIT
         while bool((self.buffers.paused_run < self.run_idx).any()) and time.monotonic() < deadline:
             self._drain_reports(raise_errors=True, timeout=0.01)
