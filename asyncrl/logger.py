@@ -33,7 +33,7 @@ class TrainLogger:
         self.ep_returns = deque(maxlen=stats_window)
         self.ep_lengths = deque(maxlen=stats_window)
         self.stats_window = stats_window
-        # rule-based policies of a multi-agent env: policy id -> recent (return, length)
+        # the other (frozen, rule-based) policies of a multi-agent env: id -> recent (return, length)
         self.other_episodes: Dict[str, deque] = {}
         self.num_episodes = 0
         self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
@@ -175,7 +175,7 @@ class TrainLogger:
                "rollout/env_restarts": float(self.env_restarts),
                "rollout/worker_restarts": float(self.worker_restarts),
                "time/collected_env_steps": float(self.collected_env_steps)}  # this train() call
-        for pid, window in self.other_episodes.items():  # rule-based policies
+        for pid, window in self.other_episodes.items():  # frozen and rule-based policies
             if window:
                 out[f"rollout/{pid}/ep_rew_mean"] = sum(r for r, _ in window) / len(window)
                 out[f"rollout/{pid}/ep_len_mean"] = sum(n for _, n in window) / len(window)

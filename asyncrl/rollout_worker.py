@@ -73,7 +73,7 @@ class RolloutWorker(AgentLanes):
         self.groups: List[EnvGroup] = []
         self.envs: list = []  # every env built so far, closed even if init fails half-way
         self.episodes: list = []  # (return, length) of the trained policy's episodes
-        self.other_episodes: Dict[str, list] = defaultdict(list)  # rule-based policies' ones
+        self.other_episodes: Dict[str, list] = defaultdict(list)  # frozen and rule-based ones
         self.episodes_started = 0
         self.steps_since_report = 0
         self.env_restarts = 0
