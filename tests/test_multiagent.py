@@ -334,3 +334,24 @@ def test_a_sigkilled_rollout_worker_of_a_multi_agent_run_is_replaced():
         assert killed_at and model.logger.worker_restarts == 1
         assert model.num_timesteps >= killed_at[0] + 4_000
     assert worker_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_recurrent_frozen_snapshots_keep_a_state_per_agent_and_episode():
+    """use_rnn: the frozen snapshots run their GRU in the rollout worker, a state per (episode,
+    agent), dropped when the episode ends."""
+    self_play = SelfPlay(["player_0", "player_1"], pool_size=2)
+    with APPO(ma_envs.tictactoe, policies=self_play.policies, policy_mapping=self_play.policy_mapping,
+              serial_mode=True, use_rnn=True, rnn_size=16, **{**FAST, "rollout": 8}) as model:
+        self_play.fill(model)
+        model.train(1_000)
+        worker = model._runner.components[0]
+        states = [s for p in worker.frozen.values() for s in p.states.values()]
+        live = {(g.episode_idx[i], a) for g in worker.groups for i in range(len(g.envs))
+                for a in g.policy_of[i]}
+        keys = {k for p in worker.frozen.values() for k in p.states}
+        obs = ma_envs.TicTacToe().reset()[0]["player_0"]
+        _, state = model.predict(obs, policy_id="hero_past_0", state=None)
+    assert states and all(s.shape == (16,) and bool(s.abs().sum() > 0) for s in states)
+    assert keys <= live  # only the episodes in progress keep states
+    assert state.shape == (1, 1, 16)
