@@ -7,10 +7,12 @@
   playing one shared policy (``APPO(make_simple_spread)``, nothing else set), for ``--steps`` agent
   steps; its training return (``rollout/ep_rew_mean``, per agent) against agent steps, and 100
   greedy episodes after, beside random play's return.
-- ``best response``: repeated rock-paper-scissors against a rule-based bot that cycles rock,
-  paper, scissors; the hero sees the bot's last move, so its best response (+5 an episode) is a
-  function of what it sees. The bot runs in the rollout workers. ``--bot_seeds`` runs (seeds 0,
-  1, ...): some settle on +3, losing the first round, where the hero has seen nothing yet.
+- ``best response``: repeated rock-paper-scissors (5 rounds) against a rule-based bot that opens
+  with rock and then plays what beats the hero's previous move. The hero sees only the bot's
+  last move, so its moves are coupled across rounds: the best response (+5 an episode) is one
+  consistent assignment (paper first; then rock after rock, scissors after scissors, paper after
+  paper); other assignments are local optima (+3). The bot runs in the rollout workers.
+  ``--bot_seeds`` runs (seeds 0, 1, ...).
 - ``self-play``: tic-tac-toe (a ParallelEnv with action masks; tests/ma_envs.py), the hero
   against a pool of 4 of its past snapshots (``SelfPlay``), a snapshot taken after each round of
   ``--round_steps``; after each round, 200 games (sampled moves, seats alternating) against a
@@ -45,9 +47,9 @@ def make_simple_spread():
     return simple_spread_v3.parallel_env(max_cycles=25)
 
 
-def cycling_bot(obs):
-    """Rock first, then the move after its last one (rock, paper, scissors, rock, ...). The hero
-    sees the bot's last move as a one-hot (zeros before the first)."""
+def counter_bot(obs):
+    """Rock first, then the move that beats the hero's previous one (the bot's observation: the
+    hero's last move as a one-hot, zeros before the first)."""
     return 0 if not obs.any() else (int(np.argmax(obs)) + 1) % 3
 
 
@@ -186,8 +188,8 @@ def main():
     runs = [learn(make_simple_spread, args.steps, "simple_spread (shared policy)", seed=0)]
     runs[0]["random"] = random_spread
     for seed in range(args.bot_seeds):
-        runs.append(learn(make_rps, args.bot_steps, "RPS against a cycling bot", seed=seed,
-                          policies={"hero": None, "bot": cycling_bot},
+        runs.append(learn(make_rps, args.bot_steps, "RPS against a countering bot", seed=seed,
+                          policies={"hero": None, "bot": counter_bot},
                           policy_mapping=lambda agent: "hero" if agent == "player_0" else "bot"))
         runs[-1].update(random=random_rps, seed=seed)
     for r in runs:
