@@ -16,6 +16,7 @@ import torch
 from asyncrl.envs import env_family
 
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
+from .acting import as_numpy, play_episode, predict_mask, predict_state, stack_actions
 from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
 from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
@@ -25,7 +26,7 @@ from .logger import TrainLogger
 from .models import PolicySpec, build_checked
 from .multiagent import DEFAULT_POLICY, AgentView, play_parallel_episode
 from .runner import Runner
-from .spaces import MASK_KEY, read_mask
+from .spaces import MASK_KEY
 
 OPTIMIZER_SUFFIX = ".optimizer"  # get_parameters(): {id: weights, id + ".optimizer": Adam's state}
 
@@ -257,15 +258,15 @@ class APPO:
             model, spec = self.frozen[policy_id], self.frozen_specs[policy_id]
         arrays, n, single = spec.env.batch_obs(observation)
         obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
-        mask = _predict_mask(model, spec, observation, action_masks, n)
+        mask = predict_mask(model, spec, observation, action_masks, n)
         core = model.core
-        state_in = None if core is None else _predict_state(core, state, episode_start, n)
+        state_in = None if core is None else predict_state(core, state, episode_start, n)
         actions, _, _, state_out = model.act(obs, mask, deterministic=deterministic, state=state_in)
         env_actions = model.dist.to_env(actions.numpy())
         if core is not None:
             parts = tuple(p.numpy()[None] for p in state_out.split(core.out_size, -1))
             state = parts if core.lstm else parts[0]
-        return (_as_numpy(env_actions[0]) if single else _stack_actions(env_actions)), state
+        return (as_numpy(env_actions[0]) if single else stack_actions(env_actions)), state
 
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True,
                  seed: Optional[int] = None, policy_id: Optional[str] = None) -> Tuple[float, float]:
@@ -503,29 +504,6 @@ class APPO:
         self._finalizer()
 
 
-def play_episode(model: APPO, env, deterministic: bool = True, seed: Optional[int] = None,
-                 on_step: Optional[Callable] = None) -> Tuple[float, int]:
-    """Play one whole episode of ``env`` with ``model.predict``: (raw return, length). An env
-    that ends learning episodes inside a game (``info["game_over"]`` False) plays on to the end
-    of the game. ``on_step(env)`` runs after every step (e.g. to grab a rendered frame)."""
-    obs, info = env.reset(seed=seed)
-    source = model.policy_spec.env.mask_source
-    total, length = 0.0, 0
-    state, start = None, True  # a recurrent model's state, zeroed where episodes start
-    while True:
-        masks = read_mask(env, source, obs, info) if source in ("method", "info") else None
-        action, state = model.predict(obs, state=state, episode_start=np.array([start]),
-                                      deterministic=deterministic, action_masks=masks)
-        obs, reward, terminated, truncated, info = env.step(action)
-        total, length, start = total + float(reward), length + 1, False
-        if on_step is not None:
-            on_step(env)
-        if terminated or truncated:
-            if info.get("game_over", True):
-                return total, length
-            obs, info = env.reset()  # a lost life: the game goes on, as a new learning episode
-            start = True
-
 
 def _check_state_dict(model: torch.nn.Module, state: dict, exact_match: bool) -> None:
     own = model.state_dict()
@@ -545,49 +523,6 @@ def _check_state_dict(model: torch.nn.Module, state: dict, exact_match: bool) ->
                          "they must come from a model with the same env spaces and hidden_sizes")
 
 
-def _predict_state(core, state, episode_start, n: int) -> torch.Tensor:
-    """sb3-contrib's recurrent state (see APPO.predict) -> [n, state_size], zeroed where
-    ``episode_start``."""
-    size = core.out_size
-    if state is None:
-        out = torch.zeros(n, core.state_size)
-    else:
-        parts = state if core.lstm else (state,)
-        what = "an (h, c) tuple of [1, N, rnn_size] arrays (an LSTM)" if core.lstm else \
-            "a [1, N, rnn_size] array (a GRU)"
-        if (core.lstm and not (isinstance(state, tuple) and len(state) == 2)) or any(
-                np.shape(p) != (1, n, size) for p in parts):
-            raise ValueError(f"state: expected {what} with N={n}, rnn_size={size}, as the "
-                             "previous predict() returned, or None at the start")
-        out = torch.cat([torch.as_tensor(np.asarray(p, np.float32)).reshape(n, size)
-                         for p in parts], -1)
-    if episode_start is not None:
-        starts = np.asarray(episode_start, bool).reshape(-1)
-        if starts.size != n:
-            raise ValueError(f"episode_start has {starts.size} entries for {n} observation(s)")
-        out[torch.as_tensor(starts)] = 0.0
-    return out
-
-
-def _predict_mask(model, spec: PolicySpec, observation, action_masks, n: int) -> Optional[torch.Tensor]:
-    size = model.dist.mask_size
-    if action_masks is None and spec.env.mask_source == "obs":
-        action_masks = observation[MASK_KEY]
-    if action_masks is None:
-        return None
-    if not size:
-        raise ValueError(f"action_masks given, but the action space {spec.env.action_space} has "
-                         "no discrete part to mask")
-    m = np.asarray(action_masks)
-    if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.integer):
-        raise ValueError(f"action_masks has dtype {m.dtype}: expected bool (True: legal)")
-    if m.size != n * size:
-        raise ValueError(f"action_masks has shape {m.shape}; expected [{size}] or [N, {size}] "
-                         f"for {n} observation(s) and the action space {spec.env.action_space}")
-    m = torch.as_tensor(m.reshape(n, size).astype(bool))
-    if not bool(m.any(-1).all()):
-        raise ValueError("action_masks allows no action for some observation")
-    return m
 
 
 def _cloudpickled(value: Any) -> Optional[bytes]:
@@ -598,23 +533,6 @@ def _uncloudpickled(blob: Optional[bytes]) -> Any:
     return None if blob is None else cloudpickle.loads(blob)
 
 
-def _as_numpy(action: Any) -> Any:
-    """One env action as SB3 returns it: an array (0-d for Discrete), tuples/dicts of them."""
-    if isinstance(action, tuple):
-        return tuple(np.asarray(a) for a in action)
-    if isinstance(action, dict):
-        return {k: np.asarray(a) for k, a in action.items()}
-    return np.asarray(action)
-
-
-def _stack_actions(actions: list) -> Any:
-    """Actions of N envs as one batch: an [N, ...] array, or a tuple/dict of them."""
-    first = actions[0]
-    if isinstance(first, tuple):
-        return tuple(np.stack([np.asarray(a[i]) for a in actions]) for i in range(len(first)))
-    if isinstance(first, dict):
-        return {k: np.stack([np.asarray(a[k]) for a in actions]) for k in first}
-    return np.stack([np.asarray(a) for a in actions])
 
 
 def _schedule_value(name: str, value: Any, progress_remaining: float) -> Any:
