@@ -1,4 +1,4 @@
-"""How a rollout worker steps multi-agent envs (see multiagent): a column of the trained
+"""How a rollout worker steps multi-agent envs (see multiagent): a column of a trained
 policy's slot per agent lane, idle lanes masked; rule-based and frozen agents act in the worker.
 """
 from __future__ import annotations
@@ -61,18 +61,19 @@ class FrozenPolicy:
 
 class AgentLanes:
     """The rollout worker's steps of PettingZoo ParallelEnvs (a mixin of RolloutWorker: it uses
-    the worker's buffers, ``agents`` layout, ``lanes`` per env, ``frozen`` policies and its env
-    restarts). An agent that plays the trained policy holds a lane of its env from its first
-    step in an episode to its last (``group.lane_of``/``lane_agent``)."""
+    the worker's slot ``pools``, ``agents`` layout, ``frozen`` policies and its env restarts).
+    An agent that plays trained policy k holds a lane of its env in the group's slot of pool k
+    from its first step in an episode to its last (``group.slots[k].lane_of``/``lane_agent``)."""
 
-    def _lane_agent(self, group_idx: int, col: int):
-        """The agent in column ``col`` of a group's slot (None: an idle lane)."""
-        return self.groups[group_idx].lane_agent[col // self.lanes][col % self.lanes]
+    def _lane_agent(self, group_idx: int, k: int, col: int):
+        """The agent in column ``col`` of a group's slot of pool k (None: an idle lane)."""
+        lanes = self.pools[k].lanes
+        return self.groups[group_idx].slots[k].lane_agent[col // lanes][col % lanes]
 
     def _other_actions(self, group) -> List[dict]:
-        """Per env of the group, {agent: action} of the agents that do not play the trained
-        policy: rule-based ones from their functions, frozen ones from one forward pass per
-        frozen policy for the whole group. (User code: its errors are not the env's.)"""
+        """Per env of the group, {agent: action} of the agents that play no trained policy:
+        rule-based ones from their functions, frozen ones from one forward pass per frozen
+        policy for the whole group. (User code: its errors are not the env's.)"""
         layout, out = self.agents, [{} for _ in group.envs]
         batches = defaultdict(list)  # frozen policy id -> [(env, agent)]
         for i, env in enumerate(group.envs):
@@ -81,7 +82,7 @@ class AgentLanes:
                 pid = policy_of[a]
                 if pid in self.frozen:
                     batches[pid].append((i, a))
-                elif pid != layout.policy_id:
+                elif pid in layout.rule_based:
                     out[i][a] = layout.act_rule_based(pid, a, observations[a])
         for pid, who in batches.items():
             acts = self.frozen[pid].act([group.agent_obs[i][a] for i, a in who],
@@ -90,90 +91,100 @@ class AgentLanes:
                 out[i][a] = action
         return out
 
-    def _step_agents(self, group, i: int, env, actions: list, others: dict,
-                     obs_out: dict, slot: int, t: int) -> None:
-        """Step one ParallelEnv: its trained agents act from their lanes' actions, the others
-        as ``others`` says; row t of its lanes is written (idle lanes: masked, done), and the
-        observations of t + 1."""
-        lane_of, col0 = group.lane_of[i], i * self.lanes
-        acting = {a: (actions[col0 + lane_of[a]] if a in lane_of else others[a]) for a in env.agents}
-        rewards_out, dones_out = self.rewards_np[slot, t], self.dones_np[slot, t]
-        truncated_out, versions_out = self.truncated_np[slot, t], self.versions_np[slot, t]
+    def _step_agents(self, group, i: int, env, actions: list, others: dict, rows: list,
+                     t: int) -> None:
+        """Step one ParallelEnv: its trained agents act from their lanes' actions (``actions``:
+        per pool), the others as ``others`` says; row t of its lanes in every pool is written
+        (idle lanes: masked, done; ``rows``: per pool, see SlotPool.row), and the observations
+        of t + 1."""
+        acting = {}
+        for a in env.agents:
+            k = self.agents.trained_index.get(group.policy_of[i][a])
+            acting[a] = (others[a] if k is None else
+                         actions[k][i * self.pools[k].lanes + group.slots[k].lane_of[i][a]])
         try:
             observations, rewards, terms, truncs, infos = env.step(acting)
             group.failures[i] = 0
         except Exception:
             if self.cfg.on_env_error == "abort":
                 raise
-            self._started(obs_out, group, i, *self._restart_env(group, i, slot, t)[:2])
-            cols = slice(col0, col0 + self.lanes)
-            rewards_out[cols], dones_out[cols], truncated_out[cols] = 0.0, True, False
+            self._started([obs for obs, *_ in rows], group, i, *self._restart_env(group, i, t)[:2])
+            for pool, (_, rewards_out, dones_out, truncated_out) in zip(self.pools, rows):
+                cols = slice(i * pool.lanes, (i + 1) * pool.lanes)
+                rewards_out[cols], dones_out[cols], truncated_out[cols] = 0.0, True, False
             return
-        for k, a in enumerate(group.lane_agent[i]):
-            col = col0 + k
-            if a is not None and a in acting:
-                term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
-                rewards_out[col] = rewards.get(a, 0.0)
-                dones_out[col] = term or trunc or a not in env.agents
-                truncated_out[col] = trunc and not term
-            else:  # idle: no agent of the trained policy holds it
-                rewards_out[col], dones_out[col], truncated_out[col] = 0.0, True, False
-                versions_out[col] = -1
+        for pool, s, (_, rewards_out, dones_out, truncated_out) in zip(self.pools, group.slots, rows):
+            versions_out = pool.versions_np[s.slot_idx, t]
+            for lane, a in enumerate(s.lane_agent[i]):
+                col = i * pool.lanes + lane
+                if a is not None and a in acting:
+                    term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
+                    rewards_out[col] = rewards.get(a, 0.0)
+                    dones_out[col] = term or trunc or a not in env.agents
+                    truncated_out[col] = trunc and not term
+                else:  # idle: no agent of this trained policy holds it
+                    rewards_out[col], dones_out[col], truncated_out[col] = 0.0, True, False
+                    versions_out[col] = -1
         self._count_agent_episodes(group, i, env, acting, rewards, terms, truncs)
+        views = [obs for obs, *_ in rows]
         if not env.agents:
             try:
                 observations, infos = env.reset()
             except Exception:
                 if self.cfg.on_env_error == "abort":
                     raise
-                observations, infos = self._restart_env(group, i, slot, t)[:2]
-            self._started(obs_out, group, i, observations, infos)
+                observations, infos = self._restart_env(group, i, t)[:2]
+            self._started(views, group, i, observations, infos)
         else:
-            self._write_agents(obs_out, group, i, observations, infos)
+            self._write_agents(views, group, i, observations, infos)
 
-    def _take_lane(self, group, i: int, agent: str) -> None:
-        lane_agent = group.lane_agent[i]
+    def _take_lane(self, group, i: int, agent: str, k: int) -> None:
+        lane_agent, lanes = group.slots[k].lane_agent[i], self.pools[k].lanes
         if None not in lane_agent:
             raise ValueError(
-                f"{self.name}: agent {agent!r} plays the trained policy {self.agents.policy_id!r} "
+                f"{self.name}: agent {agent!r} plays the trained policy {self.agents.trained[k]!r} "
                 f"in episode {group.episode_idx[i]} while {lane_agent} do: more than the "
-                f"{self.lanes} lane(s) an env has. A fixed mapping, fn(agent_id), must always give "
+                f"{lanes} lane(s) an env has. A fixed mapping, fn(agent_id), must always give "
                 "the same answer (take the episode as a second argument if it varies); with a "
                 "per-episode mapping, raise the policy's 'agents_per_env'")
-        k = lane_agent.index(None)
-        lane_agent[k], group.lane_of[i][agent] = agent, k
+        lane = lane_agent.index(None)
+        lane_agent[lane], group.slots[k].lane_of[i][agent] = agent, lane
 
     def _count_agent_episodes(self, group, i: int, env, acting: dict, rewards: dict,
                               terms: dict, truncs: dict) -> None:
-        returns, lengths = group.agent_return[i], group.agent_length[i]
+        returns, lengths, layout = group.agent_return[i], group.agent_length[i], self.agents
         for a in acting:
             returns[a] = returns.get(a, 0.0) + float(rewards.get(a, 0.0))
             lengths[a] = lengths.get(a, 0) + 1
             if terms.get(a) or truncs.get(a) or a not in env.agents:
                 pid = group.policy_of[i][a]
-                done = (self.episodes if pid == self.agents.policy_id else self.other_episodes[pid])
+                done = self.episodes if pid == layout.policy_id else self.other_episodes[pid]
                 done.append((returns.pop(a), lengths.pop(a)))
-                if a in group.lane_of[i]:  # its lane is free for an agent that comes later
-                    group.lane_agent[i][group.lane_of[i].pop(a)] = None
+                k = layout.trained_index.get(pid)
+                if k is not None:  # its lane is free for an agent that comes later
+                    s = group.slots[k]
+                    s.lane_agent[i][s.lane_of[i].pop(a)] = None
 
-    def _write_agents(self, views: Dict[str, np.ndarray], group, i: int,
-                      observations: dict, infos: dict) -> None:
-        """Map agents new to this episode (one of the trained policy takes a free lane), then
-        write the observations of the trained policy's agents into their lanes (an idle lane's
-        mask allows everything: it is never checked)."""
-        layout, policy_of, lane_agent = self.agents, group.policy_of[i], group.lane_agent[i]
+    def _write_agents(self, views: List[dict], group, i: int, observations: dict,
+                      infos: dict) -> None:
+        """Map agents new to this episode (one of a trained policy takes a free lane of its
+        pool), then write the observations of the trained policies' agents into their lanes
+        (``views``: per pool; an idle lane's mask allows everything: it is never checked)."""
+        layout, policy_of = self.agents, group.policy_of[i]
         for a in observations:
             if a not in policy_of:
                 pid = policy_of[a] = layout.policy_of(a, group.episode_idx[i])
-                if pid == layout.policy_id:
-                    self._take_lane(group, i, a)
+                k = layout.trained_index.get(pid)
+                if k is not None:
+                    self._take_lane(group, i, a, k)
         group.agent_obs[i] = observations
-        col0 = i * self.lanes
-        for k, a in enumerate(lane_agent):
-            if a is not None and a in observations:
-                self.write_obs(views, col0 + k, observations[a])
-                if self.mask_source == "info":
-                    views[MASK_KEY][col0 + k] = np.asarray(
-                        read_mask(None, "info", None, infos.get(a, {})), bool).reshape(-1)
-            elif MASK_KEY in views:
-                views[MASK_KEY][col0 + k] = True
+        for pool, s, v in zip(self.pools, group.slots, views):
+            col0 = i * pool.lanes
+            for lane, a in enumerate(s.lane_agent[i]):
+                if a is not None and a in observations:
+                    pool.write_obs(v, col0 + lane, observations[a])
+                    if pool.mask_source == "info":
+                        v[MASK_KEY][col0 + lane] = np.asarray(
+                            read_mask(None, "info", None, infos.get(a, {})), bool).reshape(-1)
+                elif MASK_KEY in v:
+                    v[MASK_KEY][col0 + lane] = True

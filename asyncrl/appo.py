@@ -17,15 +17,16 @@ from asyncrl.envs import env_family
 
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .acting import as_numpy, play_episode, predict_mask, predict_state, stack_actions
-from .config import MUTABLE_HPARAMS, Config, ConfigError, with_defaults
+from .config import MUTABLE_HPARAMS, Config, ConfigError
 from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
 from .fileio import atomic_torch_save, make_scratch_dir
-from .learner import make_optimizer, rng_path
+from .learner import rng_path
 from .logger import TrainLogger
 from .models import PolicySpec, build_checked
-from .multiagent import DEFAULT_POLICY, AgentView, play_parallel_episode
+from .multiagent import AgentView, play_parallel_episode
 from .runner import Runner
+from .trainee import Trainee, build_trainee, hparams_of, run_defaults
 from .spaces import MASK_KEY
 
 OPTIMIZER_SUFFIX = ".optimizer"  # get_parameters(): {id: weights, id + ".optimizer": Adam's state}
@@ -64,12 +65,14 @@ class APPO:
         param_size, **policy_kwargs)`` whose ``forward(obs)`` returns ``(params [N, param_size],
         values [N])``; None: the built-in actor-critic.
     :param policies: for a multi-agent env (a factory returning a PettingZoo ``ParallelEnv``):
-        ``{policy id: None}`` for the trained policy (the defaults; a dict of overrides instead:
+        ``{policy id: None}`` for a trained policy (the defaults; a dict of overrides instead:
         ``policy_kwargs``, ``policy``, config fields, and ``agents_per_env``: the most agents of
-        one env that play it at once, with a per-episode mapping), ``{policy id: {"frozen": True}}`` for
-        frozen ones (weights set with ``set_parameters``, never trained), ``{policy id: fn(obs)
-        -> action}`` for rule-based ones; frozen and rule-based ones run in the rollout workers.
-        One policy is trained per run. None: every agent plays one shared policy, ``"policy"``.
+        one env that play it at once, with a per-episode mapping), ``{policy id: {"frozen":
+        True}}`` for frozen ones (weights set with ``set_parameters``, never trained),
+        ``{policy id: fn(obs) -> action}`` for rule-based ones; frozen and rule-based ones run in
+        the rollout workers. Several trained policies each get their own learner; one trained
+        policy's overrides are the run's settings, several's may set any field but
+        ``GRAPH_FIELDS``. None: every agent plays one shared policy, ``"policy"``.
     :param policy_mapping: ``fn(agent_id)`` (fixed) or ``fn(agent_id, episode_idx)`` returning
         the policy id an agent plays, called when the agent first appears in an episode;
         lambdas and closures are fine (cloudpickle).
@@ -89,54 +92,88 @@ class APPO:
                  **kwargs):
         self.env_factory = make_env_factory(env, env_kwargs)
         probed = probe_env(self.env_factory, policies, policy_mapping)
-        env_spec, overrides, self.agents = probed.env_spec, dict(probed.overrides), probed.agents
-        self.policies, self.policy_mapping = policies, policy_mapping
-        self.policy_id = DEFAULT_POLICY if self.agents is None else self.agents.policy_id
-        policy_kwargs = overrides.pop("policy_kwargs", policy_kwargs)
-        policy = overrides.pop("policy", policy)
-        kwargs.update(overrides)
-        lanes = 1 if self.agents is None else self.agents.num_lanes
-        if kwargs.setdefault("lanes_per_env", lanes) != lanes:
+        self.agents, self.policies, self.policy_mapping = probed.agents, policies, policy_mapping
+        trained = dict(probed.trained)  # id -> (spec, overrides), the first logged unprefixed
+        self.policy_id = next(iter(trained))
+        env_spec, first_overrides = trained[self.policy_id]
+        if len(trained) == 1:  # one trained policy: its overrides are the run's settings
+            own = dict(first_overrides)
+            policy_kwargs = own.pop("policy_kwargs", policy_kwargs)
+            policy = own.pop("policy", policy)
+            kwargs.update(own)
+        lanes = {pid: 1 if self.agents is None else self.agents.lanes[pid] for pid in trained}
+        if kwargs.setdefault("lanes_per_env", lanes[self.policy_id]) != lanes[self.policy_id]:
             raise ConfigError(f"lanes_per_env={kwargs['lanes_per_env']!r}: it is set by the engine "
-                              f"from the env's agents ({lanes} here); leave it out")
+                              f"from the env's agents ({lanes[self.policy_id]} here); leave it out")
         schedules = {k: v for k, v in kwargs.items() if k in MUTABLE_HPARAMS and callable(v)}
         kwargs.update({k: _schedule_value(k, v, 1.0) for k, v in schedules.items()})
         device = kwargs.get("device", Config.device)
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+        defaults = run_defaults(env_family(env), cpu_only)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
-        self.config = Config.from_kwargs(with_defaults(kwargs, family=env_family(env), cpu_only=cpu_only,
-                                                       continuous=not make_distribution(self.action_space).discrete))
+        self.config = Config.from_kwargs(defaults(kwargs, not make_distribution(self.action_space).discrete))
         if self.config.seed is None:
             self.config = self.config.replace(seed=random.randrange(2 ** 31))
         for name in MUTABLE_HPARAMS:
             setattr(self, name, schedules.get(name, getattr(self.config, name)))
         self.device = resolve_device(self.config.device)
-        if policy is not None and not (isinstance(policy, type) and issubclass(policy, torch.nn.Module)):
-            raise ConfigError(f"policy={policy!r}: expected an nn.Module class (see asyncrl.models)")
-        self.policy_spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
+        for cls in (policy, *(o.get("policy") for _, o in [*trained.values(), *probed.frozen.values()])):
+            if cls is not None and not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+                raise ConfigError(f"policy={cls!r}: expected an nn.Module class (see asyncrl.models)")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
-            self.policy = build_checked(self.policy_spec, self.config)
-            # frozen policies: the trained one's model unless they name their own
+            first_spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
+            self.trainees: Dict[str, Trainee] = {
+                self.policy_id: Trainee(self.policy_id, first_spec,
+                                        build_checked(first_spec, self.config), {}, {})}
+            if len(trained) > 1:  # each with its own settings over the run's
+                run_kwargs = {k: v for k, v in kwargs.items() if k != "lanes_per_env"}
+                self.trainees = {pid: build_trainee(pid, spec, own, run_kwargs, self.config, lanes[pid],
+                                                    policy, policy_kwargs, defaults)
+                                 for pid, (spec, own) in trained.items()}
+            # frozen policies: the first trained one's model unless they name their own
             self.frozen_specs = {pid: PolicySpec(spec, own.get("policy", policy),
                                                  dict(own.get("policy_kwargs", policy_kwargs) or {}))
                                  for pid, (spec, own) in probed.frozen.items()}
             self.frozen = {pid: build_checked(spec, self.config) for pid, spec in self.frozen_specs.items()}
-        for model in (self.policy, *self.frozen.values()):
+        for model in (*self.models().values(), *self.frozen.values()):
             model.eval()
-        self.num_timesteps = 0   # env steps trained on, over all train() calls
-        self.policy_version = 0  # weight updates published by the learner
         self._runner: Optional[Runner] = None  # the process graph, kept between calls
         self._num_graphs = 0     # graphs started so far (a new one after an error)
-        self._min_version = 0    # samples of older versions come from replaced weights
-        self._optimizer_epoch = 0
         self._training = False   # inside train(): callbacks run, the learner owns the weights
         self._eval_vec_envs: Dict[str, Any] = {}  # get_env(), per policy id
         self._tmpdir = make_scratch_dir()
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
-        self._optimizer_path = os.path.join(self._tmpdir, "optimizer.pt")
+        for k, t in enumerate(self.trainees.values()):
+            t.optimizer_path = os.path.join(self._tmpdir, "optimizer.pt" if k == 0 else f"optimizer-{k}.pt")
         cfg = self.config
         self.logger = TrainLogger(cfg.verbose, cfg.log_interval, cfg.stats_window, cfg.tensorboard_log)
+
+    # The first trained policy's model, spec and counters (the only one of most models)
+    policy = property(lambda self: self.trainees[self.policy_id].model)
+    policy_spec = property(lambda self: self.trainees[self.policy_id].spec)
+
+    @property
+    def num_timesteps(self) -> int:
+        """Env (agent) steps the first trained policy has trained on, over all train() calls."""
+        return self.trainees[self.policy_id].num_timesteps
+
+    @num_timesteps.setter
+    def num_timesteps(self, value: int) -> None:
+        self.trainees[self.policy_id].num_timesteps = value
+
+    @property
+    def policy_version(self) -> int:
+        """Weight updates the first trained policy's learner has published."""
+        return self.trainees[self.policy_id].version
+
+    @policy_version.setter
+    def policy_version(self, value: int) -> None:
+        self.trainees[self.policy_id].version = value
+
+    def models(self) -> Dict[str, torch.nn.Module]:
+        """{trained policy id: its model (CPU, the latest weights between train() calls)}."""
+        return {pid: t.model for pid, t in self.trainees.items()}
 
     # SB3's names for two of the mutable hyper-parameters
     clip_range = property(lambda self: self.clip_coef, lambda self, v: setattr(self, "clip_coef", v))
@@ -150,11 +187,28 @@ class APPO:
             self.config = self.config.replace(**values)  # raises ConfigError naming the field
         return values
 
+    def _trainee_hparams(self, trainee: Trainee) -> Callable[[float], dict]:
+        """progress_remaining -> a trained policy's MUTABLE_HPARAMS values (its own, else the
+        model's attributes), validated."""
+        def values(progress_remaining: float) -> dict:
+            if not trainee.own:
+                return self._hparams(progress_remaining)
+            now = {n: _schedule_value(n, v, progress_remaining)
+                   for n, v in hparams_of(trainee, vars(self)).items()}
+            trainee.config(self.config, now)  # raises ConfigError naming the field
+            return now
+        return values
+
+    def _trainee_config(self, trainee: Trainee) -> Config:
+        return trainee.config(self.config, self._trainee_hparams(trainee)(1.0))
+
     # --- training -------------------------------------------------------------------------
     def train(self, train_for_env_steps: int, callback: Optional[Callable[["APPO"], Any]] = None,
               callback_interval: float = 1.0) -> "APPO":
-        """Train for ``train_for_env_steps`` more env steps (samples the learner trains on).
-        The first call starts the worker processes; later calls resume them. Returns ``self``.
+        """Train for ``train_for_env_steps`` more env steps (samples the learner trains on; with
+        several trained policies, each trains on at least that many of its agents' steps, and
+        one that gets there first goes on training until all have). The first call starts the
+        worker processes; later calls resume them. Returns ``self``.
 
         :param callback: called as ``callback(self)`` in this process every ``callback_interval``
             seconds while training, with ``self.policy`` holding the latest published weights
@@ -162,42 +216,51 @@ class APPO:
         """
         if not isinstance(train_for_env_steps, (int, np.integer)) or train_for_env_steps < 1:
             raise ConfigError(f"train_for_env_steps={train_for_env_steps!r}: must be an integer >= 1")
-        self._hparams(1.0)  # bad values raise here, before anything starts
+        hparams = {pid: self._trainee_hparams(t) for pid, t in self.trainees.items()}
+        for values in hparams.values():
+            values(1.0)  # bad values raise here, before anything starts
         runner = self._graph()
         self._training = True
         try:
-            runner.run(self.policy, self.policy_version, self.num_timesteps,
-                       self.num_timesteps + int(train_for_env_steps), hparams=self._hparams,
-                       min_version=self._min_version, optimizer_epoch=self._optimizer_epoch,
+            runner.run([t.job(int(train_for_env_steps), hparams[pid]) for pid, t in self.trainees.items()],
                        callback=None if callback is None else self._progress_hook(callback),
                        callback_interval=callback_interval)
         finally:  # also after an error or Ctrl-C: the counters that match the kept weights
             self._training = False
-            self.policy_version, self.num_timesteps = runner.version, runner.trained_env_steps
+            self._counters([(part.version, part.trained_env_steps) for part in runner.parts])
             if not runner.alive:
                 self._runner = None
         return self
+
+    def _counters(self, counters: list) -> None:
+        """(version, trained env steps) per trained policy, as the graph reports them."""
+        for t, (version, steps) in zip(self.trainees.values(), counters):
+            if version is not None:
+                t.version, t.num_timesteps = version, steps
 
     def _graph(self) -> Runner:
         """The running process graph, or a new one if there is none or the config changed in a
         field that needs one (anything but MUTABLE_HPARAMS)."""
         structural = lambda cfg: dataclasses.replace(cfg, **{n: 0 for n in MUTABLE_HPARAMS})  # noqa: E731
-        if self._runner is not None and structural(self._runner.base_cfg) != structural(self.config):
+        configs = [self._trainee_config(t) for t in self.trainees.values()]
+        if self._runner is not None and [structural(c) for c in self._runner.base_cfgs] != [
+                structural(c) for c in [self.config, *configs]]:
             self._runner.close()
             self._runner = None
         if self._runner is None:
             if not self._finalizer.alive:  # trained again after the with block
                 os.makedirs(self._tmpdir, exist_ok=True)
                 self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
-            self._runner = Runner(self.config, self.env_factory, self.policy_spec, self.device, self.policy,
-                                  self._optimizer_path, self.logger, self._num_graphs, self.agents,
+            self._runner = Runner(self.config, self.env_factory,
+                                  [t.trained_policy(cfg) for t, cfg in zip(self.trainees.values(), configs)],
+                                  self.device, self.logger, self._num_graphs, self.agents,
                                   {pid: (self.frozen_specs[pid], m) for pid, m in self.frozen.items()})
             self._num_graphs += 1
         return self._runner
 
-    def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[int, int], Any]:
-        def hook(version: int, trained_env_steps: int):
-            self.policy_version, self.num_timesteps = version, trained_env_steps
+    def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[list], Any]:
+        def hook(counters: list):
+            self._counters(counters)
             return callback(self)
         return hook
 
@@ -215,7 +278,8 @@ class APPO:
         TensorBoard intervals come from the config (``log_interval`` seconds).
         """
         if reset_num_timesteps:
-            self.num_timesteps = 0
+            for t in self.trainees.values():
+                t.num_timesteps = 0
         driver = bar = None
         try:
             if callback is not None:
@@ -249,13 +313,12 @@ class APPO:
         state is an ``(h, c)`` tuple of ``[1, N, rnn_size]`` arrays for an LSTM, one such array
         for a GRU. A feed-forward model returns ``state`` as given.
 
-        ``policy_id`` (a multi-agent env): the trained policy's id (the default), a frozen one's,
-        or a rule-based one's, whose function is applied to the one observation given."""
-        model, spec = self.policy, self.policy_spec
-        if self._policy_id(policy_id) != self.policy_id:
-            if policy_id in self.agents.rule_based:
-                return self.agents.act_rule_based(policy_id, "(predict)", observation), state
-            model, spec = self.frozen[policy_id], self.frozen_specs[policy_id]
+        ``policy_id`` (a multi-agent env): a trained policy's id (default: the first), a frozen
+        one's, or a rule-based one's, whose function is applied to the one observation given."""
+        pid = self._policy_id(policy_id)
+        if self.agents is not None and pid in self.agents.rule_based:
+            return self.agents.act_rule_based(pid, "(predict)", observation), state
+        model, spec = self._model_and_spec(pid)
         arrays, n, single = spec.env.batch_obs(observation)
         obs = {k: torch.as_tensor(v) for k, v in arrays.items()}
         mask = predict_mask(model, spec, observation, action_masks, n)
@@ -289,8 +352,14 @@ class APPO:
             env.close()
         return float(np.mean(returns)), float(np.std(returns))
 
+    def _model_and_spec(self, pid: str) -> tuple:
+        """The model and spec of a trained or frozen policy."""
+        if pid in self.trainees:
+            return self.trainees[pid].model, self.trainees[pid].spec
+        return self.frozen[pid], self.frozen_specs[pid]
+
     def _policy_id(self, policy_id: Optional[str]) -> str:
-        """``policy_id``, or the trained policy's for None; an unknown one raises KeyError."""
+        """``policy_id``, or the first trained policy's for None; an unknown one raises KeyError."""
         ids = [self.policy_id] if self.agents is None else self.agents.policy_ids
         if policy_id is not None and policy_id not in ids:
             raise KeyError(f"policy_id={policy_id!r}: this model's policies are {ids}")
@@ -300,7 +369,7 @@ class APPO:
         """act(policy id, obs, info, start, state) -> (action, state) with a trained or frozen
         policy."""
         def act(pid, obs, info, start, state):
-            spec = self.frozen_specs.get(pid, self.policy_spec)
+            spec = self._model_and_spec(pid)[1]
             masks = info.get(MASK_KEY) if spec.env.mask_source == "info" else None
             return self.predict(obs, state=state, episode_start=np.array([start]),
                                 deterministic=deterministic, action_masks=masks, policy_id=pid)
@@ -322,10 +391,8 @@ class APPO:
                                   "stable-baselines3 (or use model.evaluate())") from e
             factory = eval_env_factory(self.env_factory)
             if self.agents is not None:
-                spec = self.frozen_specs.get(pid, self.policy_spec).env
-                spaces = (spec.observation_space, spec.action_space)
                 act, layout = self._agent_actor(deterministic=True), self.agents
-                make = lambda: AgentView(factory(), layout, pid, act, *spaces)  # noqa: E731
+                make = lambda: AgentView(factory(), layout, pid, act)  # noqa: E731
             else:
                 make = factory
             self._eval_vec_envs[pid] = DummyVecEnv([lambda: Monitor(make())])
@@ -336,121 +403,139 @@ class APPO:
         return None
 
     # --- parameters -----------------------------------------------------------------------
-    @property
-    def _param_keys(self) -> Tuple[str, str]:
-        return self.policy_id, self.policy_id + OPTIMIZER_SUFFIX
-
     def get_parameters(self) -> Dict[str, dict]:
         """SB3's layout, keyed by policy id: ``{"policy": state_dict, "policy.optimizer": Adam
-        state}`` (copies, CPU); a multi-agent model's trained policy under its own id
-        (``"hero"``, ``"hero.optimizer"``), each frozen one's weights under its id. Rule-based
-        policies have none."""
-        weights_key, optimizer_key = self._param_keys
+        state}`` (copies, CPU); a multi-agent model's trained policies under their own ids
+        (``"hero"``, ``"hero.optimizer"``, ...), each frozen one's weights under its id.
+        Rule-based policies have none."""
         copy = lambda model: {k: v.detach().clone() for k, v in model.state_dict().items()}  # noqa: E731
-        return {weights_key: copy(self.policy), optimizer_key: self._optimizer_state(),
-                **{pid: copy(model) for pid, model in self.frozen.items()}}
-
-    def _optimizer_state(self) -> dict:
-        if os.path.exists(self._optimizer_path):
-            return torch.load(self._optimizer_path, map_location="cpu")
-        return make_optimizer(self.policy, self.config).state_dict()  # not trained yet: fresh
+        out = {}
+        for pid, t in self.trainees.items():
+            out[pid], out[pid + OPTIMIZER_SUFFIX] = copy(t.model), t.optimizer_state(self.config)
+        return {**out, **{pid: copy(model) for pid, model in self.frozen.items()}}
 
     def set_parameters(self, load_path_or_dict: Union[dict, str, os.PathLike],
                        exact_match: bool = True, device: str = "auto") -> None:
-        """Load parameters: a dict in :meth:`get_parameters`' layout (``"policy.optimizer"`` is
-        optional: without it the learner keeps its Adam state; a policy id's value may also be a
-        path, as below), a bare ``state_dict``, or a path to a file of :meth:`save` or a
-        ``torch.save``-d state dict. With ``exact_match`` every
-        weight must be present; keys this model lacks and shape mismatches always raise, naming
-        them. Samples collected before are from another policy and are not trained on.
+        """Load parameters: a dict in :meth:`get_parameters`' layout (``"<id>.optimizer"`` is
+        optional: without it the learner keeps its Adam state; a policy id's value may also be
+        a path, as below), a bare ``state_dict`` (for the trained policy, when there is one),
+        or a path to a file of :meth:`save` or a ``torch.save``-d state dict. With
+        ``exact_match`` every weight must be present; keys this model lacks and shape
+        mismatches always raise, naming them, and nothing is set. Samples a trained policy
+        collected before are from another policy and are not trained on.
 
         A frozen policy's weights (``{"opp": state_dict or path}``; no optimizer) reach the
-        rollout workers at the next ``train()``; the trained policy's samples stay valid."""
+        rollout workers at the next ``train()``; the trained policies' samples stay valid."""
         if self._training:
             raise RuntimeError("set_parameters() inside a training callback would be overwritten "
                                "by the learner's next weights: return False from the callback "
                                "and set the parameters between train() calls")
-        weights_key, optimizer_key = self._param_keys
         params = self._params_from(load_path_or_dict)
         rule_based = [k for k in params if self.agents is not None and k in self.agents.rule_based]
         if rule_based:
             raise KeyError(f"policy {rule_based[0]!r} is rule-based: it has no parameters")
-        expected = [*self._param_keys, *self.frozen]
+        expected = [*(k for pid in self.trainees for k in (pid, pid + OPTIMIZER_SUFFIX)), *self.frozen]
         unknown = sorted(map(str, set(params) - set(expected)))
         if unknown:
             raise KeyError(f"unknown parameter group(s) {unknown}; expected {expected} "
                            "(the layout of get_parameters()) or a bare state_dict")
-        frozen = {pid: self._params_from(params[pid])[weights_key] for pid in self.frozen if pid in params}
+        trained = {}  # id -> (state_dict, optimizer state or None), all checked before any is set
+        for pid, t in self.trainees.items():
+            opt_key = pid + OPTIMIZER_SUFFIX
+            if pid not in params:
+                if opt_key in params:
+                    raise KeyError(f"{opt_key!r} given without {pid!r} weights; expected the layout "
+                                   "of get_parameters()")
+                continue
+            own = self._params_from(params[pid], pid)  # a state_dict, or a checkpoint's
+            state, optimizer_state = own[pid], params.get(opt_key, own.get(opt_key))
+            _check_state_dict(t.model, state, exact_match)
+            if optimizer_state is not None:
+                try:
+                    torch.optim.Adam(t.model.parameters()).load_state_dict(optimizer_state)
+                except (ValueError, KeyError) as e:
+                    raise ValueError(f"{opt_key!r} does not fit this model's Adam ({e})") from e
+            trained[pid] = (state, optimizer_state)
+        frozen = {pid: self._params_from(params[pid], pid)[pid] for pid in self.frozen if pid in params}
         for pid, state in frozen.items():
             _check_state_dict(self.frozen[pid], state, exact_match)
-        if frozen and weights_key not in params and optimizer_key not in params:
-            for pid, state in frozen.items():
-                self.frozen[pid].load_state_dict(state, strict=exact_match)
-            return
-        if weights_key not in params:
-            raise KeyError(f"no {weights_key!r} weights given; expected the layout of get_parameters()")
-        if isinstance(params[weights_key], (str, os.PathLike)):  # a checkpoint per policy id
-            from_file = self._params_from(params[weights_key])
-            params = {**from_file, **{k: v for k, v in params.items() if k != weights_key}}
-        _check_state_dict(self.policy, params[weights_key], exact_match)
-        optimizer_state = params.get(optimizer_key)
-        if optimizer_state is not None:
-            probe = torch.optim.Adam(self.policy.parameters())
-            try:
-                probe.load_state_dict(optimizer_state)
-            except (ValueError, KeyError) as e:
-                raise ValueError(f"{optimizer_key!r} does not fit this model's Adam ({e})") from e
-        self.policy.load_state_dict(params[weights_key], strict=exact_match)
+        for pid, (state, optimizer_state) in trained.items():
+            t = self.trainees[pid]
+            t.model.load_state_dict(state, strict=exact_match)
+            if optimizer_state is not None:
+                torch.save(optimizer_state, t.optimizer_path)
+                t.optimizer_epoch += 1
+            t.replaced()
         for pid, state in frozen.items():
             self.frozen[pid].load_state_dict(state, strict=exact_match)
-        if optimizer_state is not None:
-            torch.save(optimizer_state, self._optimizer_path)
-            self._optimizer_epoch += 1
-        self.policy_version += 1  # new weights: samples made before are from another policy
-        self._min_version = self.policy_version
 
-    def _params_from(self, value) -> dict:
-        weights_key, optimizer_key = self._param_keys
+    def _params_from(self, value, pid: Optional[str] = None) -> dict:
+        """Parameters keyed by id from a dict, a bare state_dict (``pid``'s: default, the one
+        trained policy) or a path (a file of :meth:`save`: its policies, or its one entry for
+        ``pid``)."""
         if isinstance(value, (str, os.PathLike)):
             loaded = torch.load(value, map_location="cpu", weights_only=False)
             if isinstance(loaded, dict) and "state_dict" in loaded:  # a file of save()
-                return {weights_key: loaded["state_dict"], optimizer_key: loaded.get("optimizer")}
+                return self._file_params(loaded, pid)
             value = loaded
         if not isinstance(value, dict):
             raise TypeError(f"expected a dict of parameters, a state_dict or a checkpoint path, "
                             f"got {type(value).__name__}")
-        if value and all(torch.is_tensor(v) for v in value.values()):
-            return {weights_key: value}  # a bare state_dict
+        if value and all(torch.is_tensor(v) for v in value.values()):  # a bare state_dict
+            if pid is None and len(self.trainees) > 1:
+                raise ValueError(f"a bare state_dict, but this model trains {list(self.trainees)}: "
+                                 "key it by policy id ({id: state_dict})")
+            return {pid or self.policy_id: value}
         return value
+
+    def _file_params(self, blob: dict, pid: Optional[str]) -> dict:
+        """A save() file's trained policies as parameters: all those this model trains too (or,
+        for ``pid``, that one's entry, else the file's first policy)."""
+        entries = blob.get("trained") or {None: blob}  # files of one trained policy: top level
+        if pid is not None:
+            chosen = {pid: entries.get(pid, next(iter(entries.values())))}
+        else:
+            chosen = {k: e for k, e in entries.items() if k in self.trainees}
+            chosen = chosen or {self.policy_id: next(iter(entries.values()))}
+        out = {}
+        for k, e in chosen.items():
+            out[k], out[k + OPTIMIZER_SUFFIX] = e["state_dict"], e.get("optimizer")
+        return out
 
     # --- persistence ----------------------------------------------------------------------
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write weights, optimizer state, counters, config and the learner's RNG state to
-        ``path`` (atomically). Called while training (from a callback), it asks the learner for
-        its state between two updates, so weights, Adam moments and counters are of one moment.
-        Schedules are saved as their current values."""
+        ``path`` (atomically), for every trained policy. Called while training (from a
+        callback), it asks each learner for its state between two updates, so its weights,
+        Adam moments and counters are of one moment. Schedules are saved as their current
+        values."""
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._hparams(1.0)
-        if self._training and self._runner is not None and self._runner.started:
-            snap = self._runner.snapshot()
-            state_dict, optimizer, learner_rng = snap["policy"], snap["optimizer"], snap["learner_rng"]
-            version, steps = snap["policy_version"], snap["num_timesteps"]
-        else:
-            state_dict, optimizer = self.policy.state_dict(), self._load_scratch(self._optimizer_path)
-            learner_rng = self._load_scratch(rng_path(self._optimizer_path))
-            version, steps = self.policy_version, self.num_timesteps
-        bad = [k for k, v in state_dict.items() if not bool(torch.isfinite(v).all())]
-        if bad:
-            raise FloatingPointError(f"refusing to save non-finite weights ({bad}) to {path}")
-        blob = {"state_dict": state_dict, "config": self.config.__dict__.copy(),
-                "env_factory": self.env_factory, "num_timesteps": steps,
-                "policy_version": version, "num_graphs": self._num_graphs,
-                "optimizer": optimizer, "learner_rng": learner_rng,
+        trained = {pid: self._saved_state(k, t) for k, (pid, t) in enumerate(self.trainees.items())}
+        for pid, entry in trained.items():
+            bad = [k for k, v in entry["state_dict"].items() if not bool(torch.isfinite(v).all())]
+            if bad:
+                raise FloatingPointError(f"refusing to save non-finite weights of {pid!r} ({bad}) "
+                                         f"to {path}")
+        first = trained[self.policy_id]
+        blob = {**first, "trained": trained, "config": self.config.__dict__.copy(),
+                "env_factory": self.env_factory, "num_graphs": self._num_graphs,
                 "policy_class": self.policy_spec.policy, "policy_kwargs": self.policy_spec.policy_kwargs,
                 "policies": _cloudpickled(self.policies), "policy_mapping": _cloudpickled(self.policy_mapping),
                 "frozen": {pid: m.state_dict() for pid, m in self.frozen.items()}}
         atomic_torch_save(blob, path)
+
+    def _saved_state(self, k: int, t: Trainee) -> dict:
+        """A trained policy's weights, Adam state, learner RNG and counters, of one moment."""
+        if self._training and self._runner is not None and self._runner.started:
+            snap = self._runner.snapshot(k)
+            return {"state_dict": snap["policy"], "optimizer": snap["optimizer"],
+                    "learner_rng": snap["learner_rng"], "policy_version": snap["policy_version"],
+                    "num_timesteps": snap["num_timesteps"]}
+        return {"state_dict": t.model.state_dict(), "optimizer": self._load_scratch(t.optimizer_path),
+                "learner_rng": self._load_scratch(rng_path(t.optimizer_path)),
+                "policy_version": t.version, "num_timesteps": t.num_timesteps}
 
     @staticmethod
     def _load_scratch(path: str) -> Any:
@@ -472,16 +557,19 @@ class APPO:
                     policy_mapping=overrides.pop("policy_mapping",
                                                  _uncloudpickled(blob.get("policy_mapping"))),
                     **{**blob["config"], "device": device, **overrides})
-        model.policy.load_state_dict(blob["state_dict"])
+        entries = blob.get("trained") or {model.policy_id: blob}  # older files: one, top level
+        for pid, entry in entries.items():
+            t = model.trainees[pid]
+            t.model.load_state_dict(entry["state_dict"])
+            t.num_timesteps, t.version = entry["num_timesteps"], entry["policy_version"]
+            if entry["optimizer"] is not None:
+                torch.save(entry["optimizer"], t.optimizer_path)
+            if entry.get("learner_rng") is not None:  # the learner's minibatch order goes on
+                torch.save(entry["learner_rng"], rng_path(t.optimizer_path))
         for pid, state in blob.get("frozen", {}).items():
             model.frozen[pid].load_state_dict(state)
-        model.num_timesteps, model.policy_version = blob["num_timesteps"], blob["policy_version"]
         # graphs started before the save used their seeds: a resumed run draws new env resets
         model._num_graphs = blob.get("num_graphs", 0) + 1
-        if blob["optimizer"] is not None:
-            torch.save(blob["optimizer"], model._optimizer_path)
-        if blob.get("learner_rng") is not None:  # the learner's minibatch order goes on
-            torch.save(blob["learner_rng"], rng_path(model._optimizer_path))
         return model
 
     def close(self) -> None:

@@ -135,7 +135,8 @@ class TrajectoryBuffers:
 
 
 class Ctl(IntEnum):
-    """Fields of the shared control vector. The main process writes all but the learner's."""
+    """Fields of a row of the shared control matrix (one row per trained policy; STOP and
+    RUN_STATE in row 0 only). The main process writes all but the learner's."""
     STOP = 0               # 1: every component closes and its process exits
     TARGET_ENV_STEPS = 1   # the learner stops once it has trained on this many samples
     TRAINED_ENV_STEPS = 2  # samples the learner has trained on (learner; main resets it)
@@ -152,29 +153,52 @@ class Ctl(IntEnum):
 
 
 class SharedControl:
-    """A small int64 vector every process reads without locking (single writer per field)."""
+    """A small int64 matrix every process reads without locking (single writer per field): a
+    row of ``Ctl`` fields per trained policy (its learner's counters and requests). ``STOP`` and
+    ``RUN_STATE`` belong to the whole graph and live in row 0. ``row(k)`` is the view a
+    component of trained policy ``k`` is given; indexing reads that row."""
 
-    def __init__(self):
-        self.values = torch.zeros(len(Ctl), dtype=torch.int64).share_memory_()
+    GRAPH_FIELDS = (Ctl.STOP, Ctl.RUN_STATE)
+
+    def __init__(self, num_policies: int = 1):
+        self.values = torch.zeros((num_policies, len(Ctl)), dtype=torch.int64).share_memory_()
+        self.policy_idx = 0
         self.set_run_state(0, paused=True)
 
+    @property
+    def num_policies(self) -> int:
+        return self.values.shape[0]
+
+    def row(self, policy_idx: int) -> "SharedControl":
+        """The same memory, indexed at trained policy ``policy_idx``'s row."""
+        view = object.__new__(SharedControl)
+        view.values, view.policy_idx = self.values, policy_idx
+        return view
+
+    def rows(self) -> list:
+        return [self.row(k) for k in range(self.num_policies)]
+
+    def column(self, key: Ctl) -> list:
+        """Field ``key`` of every trained policy."""
+        return self.values[:, key].tolist()
+
     def __getitem__(self, key: Ctl) -> int:
-        return int(self.values[key])
+        return int(self.values[0 if key in self.GRAPH_FIELDS else self.policy_idx, key])
 
     def __setitem__(self, key: Ctl, value: int) -> None:
-        self.values[key] = value
+        self.values[0 if key in self.GRAPH_FIELDS else self.policy_idx, key] = value
 
     @property
     def stopping(self) -> bool:
-        return bool(self.values[Ctl.STOP])
+        return bool(self.values[0, Ctl.STOP])
 
     def run_state(self) -> Tuple[int, bool]:
         """(run, paused), from one read."""
-        state = int(self.values[Ctl.RUN_STATE])
+        state = int(self.values[0, Ctl.RUN_STATE])
         return state >> 1, bool(state & 1)
 
     def set_run_state(self, run: int, paused: bool) -> None:
-        self.values[Ctl.RUN_STATE] = 2 * run + int(paused)
+        self.values[0, Ctl.RUN_STATE] = 2 * run + int(paused)
 
 
 class SharedHyperParams:

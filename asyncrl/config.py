@@ -19,6 +19,11 @@ CNNS = ("nature", "doom", "tiny")
 MUTABLE_HPARAMS = ("learning_rate", "gamma", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm",
                    "vtrace_lambda")
 ENGINE_SET = ("lanes_per_env",)  # fields the engine derives from the env: no command-line flag
+# Fields of the whole process graph: with several trained policies, one policy's overrides
+# (``policies={id: {...}}``) may set any field but these, which the rollout workers share.
+GRAPH_FIELDS = ("num_workers", "num_envs_per_worker", "rollout", "sampler_nice", "device",
+                "serial_mode", "seed", "verbose", "log_interval", "tensorboard_log", "stats_window",
+                "worker_timeout", "on_env_error", "max_env_restarts", "max_worker_restarts")
 DEVICES_HINT = '"cpu", "cuda", "cuda:N" or "auto"'
 
 
@@ -265,7 +270,8 @@ class Config:
                 f"{self.rollout} x {self.envs_per_group}"
                 + (f" x {self.lanes_per_env}" if self.lanes_per_env > 1 else "") +
                 f" = {self.slot_size} (rollout={self.rollout}, "
-                f"num_envs_per_worker={self.num_envs_per_worker}); try "
+                f"num_envs_per_worker={self.num_envs_per_worker}"
+                + (f", lanes_per_env={self.lanes_per_env}" if self.lanes_per_env > 1 else "") + "); try "
                 f"batch_size={max(1, round(self.batch_size / self.slot_size)) * self.slot_size}")
         if self.batch_size % self.minibatch_size:
             errs.append(f"minibatch_size={self.minibatch_size} must divide "

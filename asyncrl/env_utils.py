@@ -11,7 +11,7 @@ import numpy as np
 
 from .config import ConfigError
 from .distributions import make_distribution
-from .multiagent import AgentLayout, agents_of, build_layout, is_parallel_env
+from .multiagent import DEFAULT_POLICY, AgentLayout, agents_of, build_layout, is_parallel_env
 from .spaces import MASK_KEY, EnvSpec, check_mask, detect_mask_source, read_mask
 
 class GymIdFactory:
@@ -74,11 +74,11 @@ def eval_env_factory(factory: Callable) -> Callable:
 
 
 class Probed(NamedTuple):
-    """What ``probe_env`` found: the spec of the trained policy's agents (the env's, for a
-    single-agent env), its overrides (``policies[id]`` as a dict), and for a multi-agent env the
-    agent layout and {frozen policy id: (spec, overrides)}."""
-    env_spec: EnvSpec
-    overrides: dict
+    """What ``probe_env`` found: {trained policy id: (spec of its agents, its overrides
+    (``policies[id]`` as a dict))}, in order (a single-agent env: the env's spec under
+    ``"policy"``), and for a multi-agent env the agent layout and {frozen policy id: (spec,
+    overrides)}."""
+    trained: Dict[str, Tuple[EnvSpec, dict]]
     agents: Optional[AgentLayout] = None
     frozen: Dict[str, Tuple[EnvSpec, dict]] = {}
 
@@ -104,8 +104,8 @@ def probe_env(factory: Callable, policies: Optional[dict] = None,
         if not multi:
             obs, info = env.reset(seed=0)
             source = detect_mask_source(env, obs, info)
-            return Probed(_checked_spec(env, env.observation_space, env.action_space, source,
-                                        obs, info), {})
+            return Probed({DEFAULT_POLICY: (_checked_spec(env, env.observation_space,
+                                                          env.action_space, source, obs, info), {})})
         layout, spaces = build_layout(env, policies, policy_mapping)
         observations, infos = env.reset(seed=0)
         specs = {}
@@ -118,8 +118,8 @@ def probe_env(factory: Callable, policies: Optional[dict] = None,
             spec = _checked_spec(env, obs_space, act_space, _mask_source(obs_space, obs, info),
                                  obs, info)
             specs[pid] = (spec, overrides)
-        (spec, overrides), *_ = specs.values()  # the trained policy's, first
-        return Probed(spec, overrides, layout, {pid: specs[pid] for pid in layout.frozen})
+        return Probed({pid: specs[pid] for pid in layout.trained}, layout,
+                      {pid: specs[pid] for pid in layout.frozen})
     finally:
         env.close()
 

@@ -98,14 +98,15 @@ def lock_and_die(q) -> None:
     os.kill(os.getpid(), 9)
 
 
-SLOTS_FREED = 2  # the byte that wakes a rollout worker waiting for a free slot
+SLOTS_FREED = 255  # the byte that wakes a rollout worker waiting for a free slot (actions
+                   # ready: 2 x trained policy + group, see policy_worker.ready_code)
 
 
 class BytePipe:
     """Small integers, one byte each, through a pipe (a kernel object: a dead reader blocks no
-    writer, a dead writer leaves no lock). A rollout worker's "actions ready" channel: group
-    indices (0 or 1) from the policy workers, and ``SLOTS_FREED`` from whoever returns free
-    slots; also the bell of a ``BelledQueue``. Both ends are non-blocking; the main process
+    writer, a dead writer leaves no lock). A rollout worker's "actions ready" channel: codes
+    (2 x trained policy + group index) from the policy workers, and ``SLOTS_FREED`` from
+    whoever returns free slots; also the bell of a ``BelledQueue``. Both ends are non-blocking; the main process
     keeps them open, so a replacement worker reads the same pipe (after dropping what its
     predecessor left)."""
 
@@ -118,8 +119,8 @@ class BytePipe:
     def __getstate__(self):
         return {**self.__dict__, "_poll": None}  # a poll object is per process
 
-    def put_many(self, group_indices: List[int]) -> None:
-        os.write(self.writer.fileno(), bytes(group_indices))  # 64 KiB of room: never full
+    def put_many(self, codes: List[int]) -> None:
+        os.write(self.writer.fileno(), bytes(codes))  # 64 KiB of room: never full
 
     def ring(self) -> None:
         try:

@@ -127,7 +127,8 @@ class Learner:
     def __init__(self, cfg: Config, policy_spec: PolicySpec, device: str, buffers: TrajectoryBuffers,
                  weights: SharedWeights, optimizer_state: SharedOptimizerState,
                  hparams: SharedHyperParams, ctl: SharedControl, queues, optimizer_path: str,
-                 serial: bool = False):
+                 serial: bool = False, name: str = "learner"):
+        """``ctl``: its trained policy's row; ``queues``: that policy's (``PolicyQueues``)."""
         self.cfg, self.device = cfg, torch.device(device)
         self.policy_spec = policy_spec
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
@@ -138,7 +139,10 @@ class Learner:
         self.full_slot_queue, self.free_slot_queue = queues.full_slot, queues.free_slot
         self.wake_rollout_workers = queues.ring_all
         self.report_queue = queues.report
-        self.name = "learner"
+        self.name = name
+        # Beside other trained policies, one that reached its target goes on training until the
+        # pause (all have reached theirs): its agents keep playing, its slots must keep flowing.
+        self.train_past_target = ctl is not None and ctl.num_policies > 1
         self.timer = StageTimer()
         self.pending: List[int] = []  # full slots accepted, not yet trained on
         self.reclaim_seen = -1        # the first step audits the slots (a replaced learner's)
@@ -249,7 +253,7 @@ class Learner:
         self.last_progress = time.perf_counter()
         if trained >= self.ctl[Ctl.TARGET_ENV_STEPS]:
             self.ctl[Ctl.LEARNER_DONE] = 1
-            self.finished = True
+            self.finished = not self.train_past_target
         return True
 
     def _free(self, slots: List[int]) -> None:

@@ -36,6 +36,9 @@ class TrainLogger:
         # the other (frozen, rule-based) policies of a multi-agent env: id -> recent (return, length)
         self.other_episodes: Dict[str, deque] = {}
         self.num_episodes = 0
+        # learner process name -> prefix of its train/ scalars: "" for the first trained
+        # policy's, "<id>/" for each other's (set by the Runner)
+        self.learner_prefix: Dict[str, str] = {}
         self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
         self.worker_restarts = 0  # rollout worker processes replaced after dying
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
@@ -53,9 +56,11 @@ class TrainLogger:
         self.timings = {}          # component -> latest cumulative snapshot
         self.timings_logged = {}   # component -> snapshot at the previous log line
         self.last_seen = {}        # component -> time of its latest report
-        self.train_sums, self.num_updates_since_log = defaultdict(float), 0
-        self.last_train = {}
+        self.train_sums, self.num_updates = defaultdict(float), defaultdict(int)
+        self.last_train = {}  # the first trained policy's last update's stats
+        self.last_train_by: Dict[str, dict] = {}  # every trained policy's, by prefix
         self.fps_samples = deque()  # (time, trained env steps)
+        self.other_fps_samples: Dict[str, deque] = defaultdict(deque)  # other trained policies'
         self.collected_env_steps = 0
         self.last_log = time.perf_counter()
 
@@ -72,10 +77,13 @@ class TrainLogger:
             self.num_episodes += len(returns)
             self.collected_env_steps += steps
         elif report.kind is ReportKind.TRAIN:
+            prefix = self.learner_prefix.get(report.component, "")
             for k, v in report.payload.items():
-                self.train_sums[k] += v
-            self.num_updates_since_log += 1
-            self.last_train = report.payload
+                self.train_sums[prefix + k] += v
+            self.num_updates[prefix] += 1
+            self.last_train_by[prefix] = report.payload
+            if not prefix:
+                self.last_train = report.payload
         elif report.kind is ReportKind.TIMING:
             self.timings[report.component] = report.payload
 
@@ -112,11 +120,12 @@ class TrainLogger:
         """SB3's ``logger.dump``: write now."""
         self.maybe_log(step, force=True)
 
-    def fps(self, window: float) -> float:
-        if len(self.fps_samples) < 2:
+    def fps(self, window: float, samples: Optional[deque] = None) -> float:
+        samples = self.fps_samples if samples is None else samples
+        if len(samples) < 2:
             return 0.0
-        t_end, s_end = self.fps_samples[-1]
-        for t, s in self.fps_samples:  # oldest sample inside the window
+        t_end, s_end = samples[-1]
+        for t, s in samples:  # oldest sample inside the window
             if t_end - t <= window:
                 return (s_end - s) / max(t_end - t, 1e-9)
         return 0.0
@@ -125,12 +134,17 @@ class TrainLogger:
     def ep_rew_mean(self) -> float:
         return sum(self.ep_returns) / len(self.ep_returns) if self.ep_returns else math.nan
 
-    def maybe_log(self, trained_env_steps: int, force: bool = False) -> None:
+    def maybe_log(self, trained_env_steps: int, force: bool = False,
+                  others: Optional[Dict[str, int]] = None) -> None:
+        """``trained_env_steps``: the first trained policy's; ``others``: {id: trained env
+        steps} of the other trained policies."""
         now = time.perf_counter()
         if not self.fps_samples or now - self.fps_samples[-1][0] >= 0.5 or force:
-            self.fps_samples.append((now, trained_env_steps))
-            while now - self.fps_samples[0][0] > max(FPS_WINDOWS) + 1:
-                self.fps_samples.popleft()
+            for samples, steps in [(self.fps_samples, trained_env_steps),
+                                   *((self.other_fps_samples[p], n) for p, n in (others or {}).items())]:
+                samples.append((now, steps))
+                while now - samples[0][0] > max(FPS_WINDOWS) + 1:
+                    samples.popleft()
         if not force and now - self.last_log < self.log_interval:
             return
         self.last_log = now
@@ -146,7 +160,7 @@ class TrainLogger:
             self._write_csv({"time/total_timesteps": trained_env_steps,
                              "time/time_elapsed": round(time.time() - self.start_time, 2),
                              **{k: v for k, v in scalars.items() if not math.isnan(v)}})
-        self.train_sums, self.num_updates_since_log = defaultdict(float), 0
+        self.train_sums, self.num_updates = defaultdict(float), defaultdict(int)
         self.timings_logged = dict(self.timings)
         self.recorded = {}
 
@@ -179,13 +193,15 @@ class TrainLogger:
             if window:
                 out[f"rollout/{pid}/ep_rew_mean"] = sum(r for r, _ in window) / len(window)
                 out[f"rollout/{pid}/ep_len_mean"] = sum(n for _, n in window) / len(window)
-        n = max(self.num_updates_since_log, 1)
-        for k, v in self.train_sums.items():
-            if k == "policy_lag_max":
-                continue
-            out[f"train/{k}"] = v / n
-        if "policy_lag_max" in self.last_train:
-            out["train/policy_lag_max"] = self.last_train["policy_lag_max"]
+        for pid, samples in self.other_fps_samples.items():  # other trained policies
+            out[f"time/{pid}/fps"] = self.fps(FPS_WINDOWS[0], samples)
+        for k, v in self.train_sums.items():  # "loss" or "<id>/loss": means since the last line
+            prefix = k.rpartition("/")[0] + "/" if "/" in k else ""
+            if k != prefix + "policy_lag_max":
+                out[f"train/{k}"] = v / max(self.num_updates[prefix], 1)
+        for prefix, stats in self.last_train_by.items():
+            if "policy_lag_max" in stats:
+                out[f"train/{prefix}policy_lag_max"] = stats["policy_lag_max"]
         for component, snap in self.recent_timings().items():
             wall = snap.get("_wall") or 1.0
             for stage, secs in snap.items():

@@ -1,19 +1,20 @@
 """Multi-agent envs (PettingZoo's ``ParallelEnv``): which policy each agent plays, and the lanes
 of a trajectory slot.
 
-A slot belongs to the trained policy. Each env of a group has ``num_lanes`` *lanes* (columns of
-the slot): an agent that plays the trained policy takes a free lane when it appears in an episode
-and frees it when its episode ends; a lane without such an agent is masked (policy version -1,
-``done``: nothing bootstraps across), so agents that join, leave, or play another policy for an
-episode need no special case in the policy worker or the learner. Rule-based policies are plain functions run in the rollout
-worker: no slot, no inference. Frozen policies (weights set by the user, not trained: opponents,
-past snapshots in self-play) run in the rollout worker too, one forward pass per group step
-(see agent_lanes, where the rollout worker steps these envs).
+Each trained policy has its own pool of slots, and an env group holds one slot of every pool.
+Each env has, per trained policy, ``lanes[pid]`` *lanes* (columns of that policy's slot): an
+agent that plays the policy takes a free lane when it appears in an episode and frees it when
+its episode ends; a lane without such an agent is masked (policy version -1, ``done``: nothing
+bootstraps across), so agents that join, leave, or play another policy for an episode need no
+special case in the policy workers or the learners. Rule-based policies are plain functions run
+in the rollout worker: no slot, no inference. Frozen policies (weights set by the user, not
+trained: opponents, past snapshots in self-play) run in the rollout worker too, one forward
+pass per group step (see agent_lanes, where the rollout worker steps these envs).
 
 ``policy_mapping(agent_id)`` or ``policy_mapping(agent_id, episode_idx)`` is called when an
 agent first appears in an episode; with one argument it is taken to be fixed, and an env has as
-many lanes as agents it maps to the trained policy; with two, as many as it has agents, unless
-the trained policy's ``agents_per_env`` says fewer play it at once (self-play: 1).
+many lanes of a trained policy as agents it maps there; with two, as many as it has agents,
+unless the policy's ``agents_per_env`` says fewer play it at once (self-play: 1).
 """
 from __future__ import annotations
 
@@ -63,17 +64,20 @@ def _pickled(fn: Callable, what: str) -> bytes:
 
 class AgentLayout:
     """What the engine knows of a multi-agent env's agents, checked in the main process and
-    pickled to every rollout worker: the trained policy's id, the agents that may play it
-    (``players``) and the lanes per env, the frozen policies' ids, the rule-based policies, and
-    the mapping (both cloudpickled)."""
+    pickled to every rollout worker: the trained policies' ids (``trained``, in the order of
+    their slot pools; ``policy_id`` is the first, whose return is logged as
+    ``rollout/ep_rew_mean``) and their lanes per env, the frozen policies' ids, the rule-based
+    policies, and the mapping (both cloudpickled)."""
 
-    def __init__(self, possible_agents: List[str], policy_id: str, players: List[str],
+    def __init__(self, possible_agents: List[str], trained: List[str],
                  rule_based: Dict[str, Callable], mapping: Optional[Callable],
                  frozen: Optional[List[str]] = None):
-        self.possible_agents, self.policy_id, self.players = list(possible_agents), policy_id, players
-        self.num_lanes = len(players)
+        self.possible_agents, self.trained = list(possible_agents), list(trained)
+        self.trained_index = {pid: k for k, pid in enumerate(self.trained)}
+        self.policy_id = self.trained[0]
+        self.lanes = {pid: 1 for pid in self.trained}  # set by build_layout
         self.frozen = list(frozen or [])
-        self.policy_ids = [policy_id, *self.frozen, *rule_based]
+        self.policy_ids = [*self.trained, *self.frozen, *rule_based]
         self._rule_based = {pid: _pickled(fn, f"rule-based policy {pid!r}")
                             for pid, fn in rule_based.items()}
         self._mapping = None if mapping is None else _pickled(mapping, "policy_mapping")
@@ -95,7 +99,7 @@ class AgentLayout:
         """The policy ``agent`` plays in episode ``episode_idx``; a failing mapping or an
         unknown id raises, naming the agent."""
         if self.mapping is None:
-            return self.policy_id
+            return self.policy_id  # one policy, shared by every agent
         try:
             pid = self.mapping(agent, episode_idx) if self.arity == 2 else self.mapping(agent)
         except Exception as e:
@@ -130,8 +134,8 @@ def agents_of(layout: AgentLayout, pid: str) -> List[str]:
 
 def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Callable]):
     """Check a probed ParallelEnv with the user's ``policies`` and ``policy_mapping``. Returns
-    (layout, {policy id: (observation space, action space, overrides)} of the trained policy,
-    first, and the frozen ones)."""
+    (layout, {policy id: (observation space, action space, overrides)} of the trained policies,
+    in their order, then the frozen ones)."""
     agents = list(env.possible_agents)
     if not agents:
         raise ConfigError("the multi-agent env has no possible_agents")
@@ -153,31 +157,33 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
         if extra:
             raise ConfigError(f"policies[{pid!r}]: a frozen policy takes only 'policy_kwargs' and "
                               f"'policy' besides 'frozen' (it is not trained), not {sorted(extra)}")
-    if len(trained) != 1:
-        raise ConfigError(f"policies: {len(trained)} trained policies ({trained}); this version "
-                          "trains exactly one policy per run, beside any number of frozen and "
-                          "rule-based ones (several trained policies are not supported yet)")
-    policy_id = trained[0]
+    if not trained:
+        raise ConfigError(f"policies: none of {list(policies)} is trained; give at least one "
+                          "policy None or a dict of overrides (frozen and rule-based ones only "
+                          "play: use model.evaluate() on a model that trains one)")
+    bad = [pid for pid in trained if "." in pid or "/" in pid]
+    if bad:
+        raise ConfigError(f"policies: the trained policy id {bad[0]!r} contains '.' or '/', which "
+                          "parameter keys ('<id>.optimizer') and log names ('train/<id>/...') "
+                          "use as separators; pick another id")
     if policy_mapping is None and len(policies) > 1:
         raise ConfigError(f"policies has {len(policies)} entries but no policy_mapping says which "
                           "agent plays which: pass policy_mapping=fn(agent_id) -> policy id")
     if policy_mapping is not None and not callable(policy_mapping):
         raise ConfigError(f"policy_mapping={policy_mapping!r}: expected fn(agent_id) or "
                           "fn(agent_id, episode_idx) returning a policy id")
-    layout = AgentLayout(agents, policy_id, [], rule_based, policy_mapping, frozen)
+    layout = AgentLayout(agents, trained, rule_based, policy_mapping, frozen)
     for a in agents:  # a mapping that fails, fails here
         try:
             layout.policy_of(a, 0)
         except (RuntimeError, ValueError) as e:
             raise ConfigError(str(e).split("\n")[0]) from e
-    layout.players = agents_of(layout, policy_id)
-    layout.num_lanes = len(layout.players)
     spaces = {}
-    for pid in (policy_id, *frozen):
+    for pid in (*trained, *frozen):
         players = agents_of(layout, pid)
         if not players:
             raise ConfigError(f"policy_mapping maps none of the agents {agents} to the "
-                              f"{'trained' if pid == policy_id else 'frozen'} policy {pid!r}")
+                              f"{'trained' if pid in trained else 'frozen'} policy {pid!r}")
         obs_space, act_space = env.observation_space(players[0]), env.action_space(players[0])
         for a in players[1:]:
             for kind, mine, first in (("observation", env.observation_space(a), obs_space),
@@ -189,12 +195,14 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
                         "spaces: map them to different policies (policies= and policy_mapping=)")
         overrides = {k: v for k, v in (policies[pid] or {}).items() if k != "frozen"}
         spaces[pid] = (obs_space, act_space, overrides)
-    at_once = spaces[policy_id][2].pop("agents_per_env", None)
-    if at_once is not None:
-        if not (isinstance(at_once, int) and 1 <= at_once <= len(layout.players)):
-            raise ConfigError(f"policies[{policy_id!r}]['agents_per_env']={at_once!r}: expected an "
-                              f"integer from 1 to {len(layout.players)} (the agents that may play it)")
-        layout.num_lanes = at_once
+        if pid not in trained:
+            continue
+        # lanes per env: the agents that may play it, or fewer at once (agents_per_env)
+        at_once = overrides.pop("agents_per_env", None)
+        if at_once is not None and not (isinstance(at_once, int) and 1 <= at_once <= len(players)):
+            raise ConfigError(f"policies[{pid!r}]['agents_per_env']={at_once!r}: expected an "
+                              f"integer from 1 to {len(players)} (the agents that may play it)")
+        layout.lanes[pid] = at_once or len(players)
     return layout, spaces
 
 
@@ -278,10 +286,11 @@ class AgentView(gym.Env):
     ``act(policy id, obs, info, episode_start, state) -> (action, state)`` or its rule-based
     function. The view's episode ends when its agent's does."""
 
-    def __init__(self, env: Any, layout: AgentLayout, policy_id: str, act: Callable,
-                 observation_space: gym.Space, action_space: gym.Space):
+    def __init__(self, env: Any, layout: AgentLayout, policy_id: str, act: Callable):
         self.env, self.layout, self.policy_id, self.act = env, layout, policy_id, act
-        self.observation_space, self.action_space = observation_space, action_space
+        player = agents_of(layout, policy_id)[0]  # the spaces of the agents that play it
+        self.observation_space = env.observation_space(player)
+        self.action_space = env.action_space(player)
         self.episodes = 0
 
     def reset(self, *, seed=None, options=None):

@@ -22,14 +22,22 @@ from .timing import StageTimer
 REPORT_INTERVAL = 1.0
 
 
+def ready_code(trained_idx: int, group_idx: int) -> int:
+    """The byte that tells a rollout worker that trained policy ``trained_idx`` wrote the
+    actions of its group ``group_idx`` (see ipc.SLOTS_FREED, the one byte never used)."""
+    return 2 * trained_idx + group_idx
+
+
 class PolicyWorker:
     def __init__(self, cfg: Config, policy_idx: int, policy_spec: PolicySpec, device: str,
                  buffers: TrajectoryBuffers, weights: SharedWeights, ctl: SharedControl, queues,
-                 serial: bool = False):
+                 serial: bool = False, trained_idx: int = 0, name_prefix: str = "policy-"):
+        """``queues``: its trained policy's (``PolicyQueues``); ``trained_idx``: that policy's
+        index, part of every answer (see ``ready_code``)."""
         self.cfg, self.policy_idx, self.device = cfg, policy_idx, torch.device(device)
-        self.policy_spec = policy_spec
+        self.policy_spec, self.trained_idx = policy_spec, trained_idx
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
-        self.name = f"policy-{policy_idx}"
+        self.name = f"{name_prefix}{policy_idx}"
         self.request_queue = queues.policy_request[policy_idx]
         self.action_ready_queues = queues.action_ready
         self.report_queue = queues.report
@@ -104,7 +112,7 @@ class PolicyWorker:
         with self.timer("notify"):
             ready = defaultdict(list)
             for r in requests:
-                ready[r.worker_idx].append(r.group_idx)
+                ready[r.worker_idx].append(ready_code(self.trained_idx, r.group_idx))
             for worker_idx, groups in ready.items():
                 self.action_ready_queues[worker_idx].put_many(groups)
         now = time.perf_counter()

@@ -1,7 +1,10 @@
 """Rollout worker: steps its envs in two groups, writing straight into shared trajectory slots.
 
-While the policy worker computes actions for one group, the worker steps the other (double-buffered
-sampling). Per group step the only messages are one ``PolicyRequest`` out and one group index in.
+While the policy workers compute actions for one group, the worker steps the other
+(double-buffered sampling). Per group step the only messages are one ``PolicyRequest`` out per
+trained policy and one code back from each (see policy_worker.ready_code). A group holds one
+slot of every trained policy's pool (``SlotPool``; a single-agent env has one) and steps when
+all of them have their actions.
 """
 from __future__ import annotations
 
@@ -27,66 +30,20 @@ from .timing import StageTimer
 REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
 
 
-class EnvGroup:
-    """Half of a worker's envs and the trajectory slot they are writing."""
+class SlotPool:
+    """A rollout worker's view of one trained policy's slot pool: its config, spec, shared
+    arrays (mapped in the worker process by ``map``) and queues."""
 
-    def __init__(self, envs: list, observed: Dict[str, np.ndarray], lanes_per_env: int = 1):
-        self.envs = envs
-        self.slot_idx: Optional[int] = None  # None: waiting for a free slot
-        self.t = 0
-        # row T of the last slot (observations and mask), the next slot's row 0
-        self.last_obs = {name: np.zeros((len(envs) * lanes_per_env, *a.shape[3:]), a.dtype)
-                         for name, a in observed.items()}
-        self.ep_return = [0.0] * len(envs)
-        self.ep_length = [0] * len(envs)
-        self.failures = [0] * len(envs)  # restarts since the env last completed a step
-        # a multi-agent env's episode: the policy of each agent, its last observation (for a
-        # rule-based policy), return and length so far, and the episode's index (the mapping's)
-        self.policy_of: List[dict] = [{} for _ in envs]
-        self.agent_obs: List[dict] = [{} for _ in envs]
-        self.agent_return: List[dict] = [{} for _ in envs]
-        self.agent_length: List[dict] = [{} for _ in envs]
-        self.episode_idx = [0] * len(envs)
-        # the trained policy's lanes of each env: agent -> lane, lane -> agent (None: idle)
-        self.lane_of: List[dict] = [{} for _ in envs]
-        self.lane_agent: List[list] = [[None] * lanes_per_env for _ in envs]
-
-
-class RolloutWorker(AgentLanes):
-    def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, env_spec: EnvSpec,
-                 buffers: TrajectoryBuffers, ctl: SharedControl, queues, serial: bool = False,
-                 agents: Optional[AgentLayout] = None, frozen: Optional[dict] = None):
-        self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
-        self.env_spec, self.agents = env_spec, agents
-        # frozen policies (a multi-agent env): id -> FrozenPolicy, built in init
-        self.frozen = {pid: FrozenPolicy(spec, cfg, weights)
-                       for pid, (spec, weights) in (frozen or {}).items()}
-        self.lanes = 1 if agents is None else agents.num_lanes  # columns per env
-        self.buffers, self.ctl, self.serial = buffers, ctl, serial
-        self.name = f"rollout-{worker_idx}"
+    def __init__(self, k: int, cfg: Config, env_spec: EnvSpec, buffers: TrajectoryBuffers, queues,
+                 worker_idx: int):
+        self.k, self.cfg, self.env_spec, self.buffers = k, cfg, env_spec, buffers
+        self.lanes = cfg.lanes_per_env  # columns per env
         self.policy_idx = worker_idx % cfg.num_policy_workers  # the policy worker it asks
         self.request_queue = queues.policy_request[self.policy_idx]
-        self.action_ready_queue = queues.action_ready[worker_idx]
         self.free_slot_queue, self.full_slot_queue = queues.free_slot, queues.full_slot
-        self.report_queue = queues.report
-        self.timer = StageTimer()
-        self.groups: List[EnvGroup] = []
-        self.envs: list = []  # every env built so far, closed even if init fails half-way
-        self.episodes: list = []  # (return, length) of the trained policy's episodes
-        self.other_episodes: Dict[str, list] = defaultdict(list)  # frozen and rule-based ones
-        self.episodes_started = 0
-        self.steps_since_report = 0
-        self.env_restarts = 0
-        self.trained_seen = 0  # the learner's trained-env-steps counter, last seen
 
-    # --- set-up ---------------------------------------------------------------------------
-    def init(self) -> None:
-        cfg, b = self.cfg, self.buffers
-        try:  # pickled separately so that a factory that cannot be imported here is named
-            self.make_env: Callable = pickle.loads(self.env_factory)
-        except Exception as e:
-            raise RuntimeError(f"{self.name} could not unpickle the env factory ({type(e).__name__}: "
-                               f"{e}); define it in a module the worker processes can import") from e
+    def map(self) -> None:
+        b = self.buffers
         arrays = b.numpy()
         self.observed = {name: arrays[name] for name in b.obs_names()}  # [S, T+1, E, ...]
         self.float_obs = [name for name, a in self.observed.items()
@@ -97,27 +54,112 @@ class RolloutWorker(AgentLanes):
         self.versions_np = arrays["policy_versions"]
         self.slot_owner_np, self.claiming_np = b.slot_owner.numpy(), b.claiming.numpy()
         self.policy_incarnation_np = b.policy_incarnation.numpy()
+        self.policy_incarnation = int(self.policy_incarnation_np[self.policy_idx])
         self.write_obs = ObsWriter(self.env_spec)
+        self.dist = make_distribution(self.env_spec.action_space)
+        source = self.env_spec.mask_source
+        self.mask_source = source if source != "obs" else None  # written by the worker
+        self.mask_sizes = mask_sizes(self.dist) if source else []
+
+    def row(self, slot: int, t: int) -> tuple:
+        """Views of row t of a slot: observations of t + 1, rewards, dones, truncated."""
+        return ({name: a[slot, t + 1] for name, a in self.observed.items()}, self.rewards_np[slot, t],
+                self.dones_np[slot, t], self.truncated_np[slot, t])
+
+
+class GroupSlot:
+    """One group's slot of one trained policy's pool, and its lanes (see multiagent)."""
+
+    def __init__(self, pool: SlotPool, num_envs: int):
+        self.slot_idx: Optional[int] = None  # None: waiting for a free slot
+        # row T of the last slot (observations and mask), the next slot's row 0
+        self.last_obs = {name: np.zeros((num_envs * pool.lanes, *a.shape[3:]), a.dtype)
+                         for name, a in pool.observed.items()}
+        # each env's lanes: agent -> lane, lane -> agent (None: idle)
+        self.lane_of: List[dict] = [{} for _ in range(num_envs)]
+        self.lane_agent: List[list] = [[None] * pool.lanes for _ in range(num_envs)]
+
+
+class EnvGroup:
+    """Half of a worker's envs and the trajectory slots they are writing, one per trained
+    policy (``slots``), all at row ``t``."""
+
+    def __init__(self, envs: list, pools: List[SlotPool]):
+        self.envs = envs
+        self.slots = [GroupSlot(pool, len(envs)) for pool in pools]
+        self.t = 0
+        self.waiting: set = set()  # trained policies whose actions for row t are not written yet
+        self.ep_return = [0.0] * len(envs)
+        self.ep_length = [0] * len(envs)
+        self.failures = [0] * len(envs)  # restarts since the env last completed a step
+        # a multi-agent env's episode: the policy of each agent, its last observation (for a
+        # rule-based policy), return and length so far, and the episode's index (the mapping's)
+        self.policy_of: List[dict] = [{} for _ in envs]
+        self.agent_obs: List[dict] = [{} for _ in envs]
+        self.agent_return: List[dict] = [{} for _ in envs]
+        self.agent_length: List[dict] = [{} for _ in envs]
+        self.episode_idx = [0] * len(envs)
+
+    @property
+    def has_slots(self) -> bool:
+        return all(s.slot_idx is not None for s in self.slots)
+
+
+class RolloutWorker(AgentLanes):
+    def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, pools: List[tuple],
+                 ctl: SharedControl, queues, serial: bool = False,
+                 agents: Optional[AgentLayout] = None, frozen: Optional[dict] = None):
+        """``pools``: (config, env spec, buffers, queues) of each trained policy's slot pool
+        (see runner.PolicyPart.pool); ``ctl``: the graph's control matrix."""
+        self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
+        self.pools = [SlotPool(k, *pool, worker_idx) for k, pool in enumerate(pools)]
+        self.agents = agents
+        # frozen policies (a multi-agent env): id -> FrozenPolicy, built in init
+        self.frozen = {pid: FrozenPolicy(spec, cfg, weights)
+                       for pid, (spec, weights) in (frozen or {}).items()}
+        # per-worker bookkeeping (incarnation, paused run) is read from the first pool's buffers
+        self.buffers, self.ctl, self.serial = self.pools[0].buffers, ctl, serial
+        self.name = f"rollout-{worker_idx}"
+        self.action_ready_queue = queues.action_ready[worker_idx]
+        self.report_queue = queues.report
+        self.timer = StageTimer()
+        self.groups: List[EnvGroup] = []
+        self.envs: list = []  # every env built so far, closed even if init fails half-way
+        self.episodes: list = []  # (return, length) of the first trained policy's episodes
+        self.other_episodes: Dict[str, list] = defaultdict(list)  # every other policy's
+        self.episodes_started = 0
+        self.steps_since_report = 0
+        self.env_restarts = 0
+        self.trained_seen: list = []  # the learners' trained-env-steps counters, last seen
+
+    # --- set-up ---------------------------------------------------------------------------
+    def init(self) -> None:
+        cfg, b = self.cfg, self.buffers
+        try:  # pickled separately so that a factory that cannot be imported here is named
+            self.make_env: Callable = pickle.loads(self.env_factory)
+        except Exception as e:
+            raise RuntimeError(f"{self.name} could not unpickle the env factory ({type(e).__name__}: "
+                               f"{e}); define it in a module the worker processes can import") from e
+        for pool in self.pools:
+            pool.map()
         for policy in self.frozen.values():
             policy.reload()
-        self.dist = make_distribution(self.env_spec.action_space)
-        self.mask_source = self.env_spec.mask_source if self.env_spec.mask_source != "obs" else None
-        self.mask_sizes = mask_sizes(self.dist) if self.env_spec.mask_source else []
         # A replacement for a killed worker: new env seeds, and no stale "actions ready" message
         # (the main process moved the incarnation first, so policy workers send no more).
         self.incarnation = int(b.incarnation[self.worker_idx])
-        self.serial = SlotState.serial(self.worker_idx, self.incarnation, cfg.num_workers)
-        self.policy_incarnation = int(self.policy_incarnation_np[self.policy_idx])
+        # this process's name in slot_owner (see SlotState)
+        self.worker_serial = SlotState.serial(self.worker_idx, self.incarnation, cfg.num_workers)
         self.action_ready_queue.drain()
         E = cfg.envs_per_group
         for g in range(2):
-            group = EnvGroup([None] * E, self.observed, self.lanes)
+            group = EnvGroup([None] * E, self.pools)
+            views = [s.last_obs for s in group.slots]
             for i in range(E):
                 seed = (cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
                         + 7_919 * cfg.num_envs_per_worker * self.incarnation) % 2 ** 31
-                self._started(group.last_obs, group, i, *self._start_env(group, i, seed))
+                self._started(views, group, i, *self._start_env(group, i, seed))
             self.groups.append(group)
-            self._check_masks(group.last_obs, g)
+            self._check_masks(views, g)
         self.last_report = time.perf_counter()
         self.last_progress = time.perf_counter()
         self._claim_slots()
@@ -147,23 +189,30 @@ class RolloutWorker(AgentLanes):
     # --- the loop body --------------------------------------------------------------------
     def step(self, timeout: float) -> bool:
         """Step every group whose actions are ready; returns whether any work was done."""
-        if any(g.slot_idx is None for g in self.groups):  # woken by SLOTS_FREED (see ipc)
+        if not all(g.has_slots for g in self.groups):  # woken by SLOTS_FREED (see ipc)
             self._claim_slots()
-        # With no slot in either group nothing can be asked for: the wait is for the learner.
-        waiting_for = "wait_slot" if all(g.slot_idx is None for g in self.groups) else "wait_actions"
+        # With no slots in either group nothing can be asked for: the wait is for a learner.
+        waiting_for = "wait_actions" if any(g.has_slots for g in self.groups) else "wait_slot"
         # Read before the answers: a replaced policy worker's answers all precede the move.
-        policy_incarnation = int(self.policy_incarnation_np[self.policy_idx])
+        incarnations = [int(p.policy_incarnation_np[p.policy_idx]) for p in self.pools]
         t0 = time.perf_counter()
         try:
             ready = self.action_ready_queue.get_many(block=timeout > 0, timeout=timeout)
         except queue.Empty:
             ready = None
         self.timer.add(waiting_for, time.perf_counter() - t0)
-        for group_idx in ready or ():
-            if group_idx != SLOTS_FREED:
-                self._step_group(self.groups[group_idx], group_idx)
-        if policy_incarnation != self.policy_incarnation:
-            self._ask_again(policy_incarnation)
+        for code in ready or ():
+            if code == SLOTS_FREED:
+                continue
+            k, group_idx = divmod(code, 2)
+            group = self.groups[group_idx]
+            if k in group.waiting:
+                group.waiting.discard(k)
+                if not group.waiting:  # every trained policy's actions are written
+                    self._step_group(group, group_idx)
+        for pool, incarnation in zip(self.pools, incarnations):
+            if incarnation != pool.policy_incarnation:
+                self._ask_again(pool, incarnation)
         if ready is None:
             self._check_stuck()
             return False
@@ -173,40 +222,43 @@ class RolloutWorker(AgentLanes):
         return True
 
     def _step_group(self, group: EnvGroup, group_idx: int) -> None:
-        slot, t = group.slot_idx, group.t
+        t = group.t
+        rows = [pool.row(s.slot_idx, t) for pool, s in zip(self.pools, group.slots)]
+        views = [obs for obs, *_ in rows]
         with self.timer("env_step"):
-            actions = self.dist.to_env(self.actions_np[slot, t])
-            obs_out = {name: a[slot, t + 1] for name, a in self.observed.items()}
-            rewards_out = self.rewards_np[slot, t]
-            dones_out, truncated_out = self.dones_np[slot, t], self.truncated_np[slot, t]
+            actions = [pool.dist.to_env(pool.actions_np[s.slot_idx, t])
+                       for pool, s in zip(self.pools, group.slots)]
             if self.agents is not None:
                 others = self._other_actions(group)
                 for i, env in enumerate(group.envs):
-                    self._step_agents(group, i, env, actions, others[i], obs_out, slot, t)
+                    self._step_agents(group, i, env, actions, others[i], rows, t)
             else:
-                self._step_envs(group, actions, obs_out, rewards_out, dones_out, truncated_out, slot, t)
-        if self.state_np is not None and dones_out.any():  # also after an env restart
-            self.state_np[slot, t + 1][dones_out] = 0
-        self._check_finite(rewards_out, obs_out, group_idx)
-        self._check_masks(obs_out, group_idx)
-        self.steps_since_report += len(dones_out)
+                self._step_envs(group, actions[0], *rows[0], t)
+        for pool, s, (obs_out, rewards_out, dones_out, _) in zip(self.pools, group.slots, rows):
+            if pool.state_np is not None and dones_out.any():  # also after an env restart
+                pool.state_np[s.slot_idx, t + 1][dones_out] = 0
+            self._check_finite(pool, rewards_out, obs_out, group_idx)
+            self.steps_since_report += len(dones_out)
+        self._check_masks(views, group_idx)
         group.t = t + 1
         if group.t < self.cfg.rollout:
             self._request(group_idx)
             return
-        # The slot is full: keep its last obs (the next slot's first), hand it to the learner
-        # (marked first: were this worker killed before the put, the learner still gets it).
-        for name, a in self.observed.items():
-            group.last_obs[name][:] = a[slot, group.t]
-        self.slot_owner_np[slot] = SlotState.handing(self.serial)
-        self.full_slot_queue.put(slot)
-        group.slot_idx = None
+        # The slots are full: keep their last obs (the next slots' first), hand them to the
+        # learners (marked first: were this worker killed before the put, they still get them).
+        for pool, s in zip(self.pools, group.slots):
+            for name, a in pool.observed.items():
+                s.last_obs[name][:] = a[s.slot_idx, group.t]
+            pool.slot_owner_np[s.slot_idx] = SlotState.handing(self.worker_serial)
+            pool.full_slot_queue.put(s.slot_idx)
+            s.slot_idx = None
         self._claim_slots()
 
     def _step_envs(self, group: EnvGroup, actions: list, obs_out: dict, rewards_out: np.ndarray,
-                   dones_out: np.ndarray, truncated_out: np.ndarray, slot: int, t: int) -> None:
+                   dones_out: np.ndarray, truncated_out: np.ndarray, t: int) -> None:
         """Step a group of single-agent envs, writing row t (and the observations of t + 1)."""
         ep_return, ep_length, failures = group.ep_return, group.ep_length, group.failures
+        pool = self.pools[0]
         for i, env in enumerate(group.envs):
             try:
                 obs, reward, terminated, truncated, info = env.step(actions[i])
@@ -225,59 +277,70 @@ class RolloutWorker(AgentLanes):
             except Exception:
                 if self.cfg.on_env_error == "abort":
                     raise
-                obs, info, reward, done, terminated, truncated = self._restart_env(group, i, slot, t)
-            self._write(obs_out, i, group.envs, obs, info)
+                obs, info, reward, done, terminated, truncated = self._restart_env(group, i, t)
+            self._write(pool, obs_out, i, group.envs[i], obs, info)
             rewards_out[i] = reward
             dones_out[i] = done
             truncated_out[i] = truncated and not terminated
 
-    def _restart_env(self, group: EnvGroup, i: int, slot: int, t: int) -> tuple:
+    def _restart_env(self, group: EnvGroup, i: int, t: int) -> tuple:
         """The env raised in step or reset: replace it with a new one and drop the samples it
-        wrote into this slot (policy version -1: the learner masks them), so the broken
-        episode is not mixed with the new one. Returns what the step writes: the new first obs
-        and info, reward 0, done (nothing bootstraps across), terminated, not truncated."""
+        wrote into this group's slots (policy version -1: the learners mask them), so the
+        broken episode is not mixed with the new one. Returns what the step writes: the new
+        first obs and info, reward 0, done (nothing bootstraps across), terminated, not
+        truncated."""
         self._count_failure(group, i, traceback.format_exc())
         obs, info = self._start_env(group, i, seed=int(np.random.randint(2 ** 31)))
-        self.versions_np[slot, :t + 1, i * self.lanes:(i + 1) * self.lanes] = -1
+        for pool, s in zip(self.pools, group.slots):
+            pool.versions_np[s.slot_idx, :t + 1, i * pool.lanes:(i + 1) * pool.lanes] = -1
         group.ep_return[i], group.ep_length[i] = 0.0, 0
         return obs, info, 0.0, True, True, False
 
-    def _started(self, views: Dict[str, np.ndarray], group: EnvGroup, i: int, obs, info) -> None:
-        """Env ``i`` was (re)built and reset: write its first observation (a multi-agent env's
-        episode begins: its agents are mapped to policies)."""
+    def _started(self, views: List[dict], group: EnvGroup, i: int, obs, info) -> None:
+        """Env ``i`` was (re)built and reset: write its first observation into ``views`` (one
+        dict per pool); a multi-agent env's episode begins: its agents are mapped to policies."""
         if self.agents is None:
-            self._write(views, i, group.envs, obs, info)
+            self._write(self.pools[0], views[0], i, group.envs[i], obs, info)
             return
         for policy in self.frozen.values():
             policy.forget(group.episode_idx[i])
         self.episodes_started += 1
         group.episode_idx[i] = self.episodes_started * self.cfg.num_workers + self.worker_idx
         group.policy_of[i], group.agent_return[i], group.agent_length[i] = {}, {}, {}
-        group.lane_of[i], group.lane_agent[i] = {}, [None] * self.lanes
+        for pool, s in zip(self.pools, group.slots):
+            s.lane_of[i], s.lane_agent[i] = {}, [None] * pool.lanes
         self._write_agents(views, group, i, obs, info)
 
-    def _write(self, views: Dict[str, np.ndarray], i: int, envs: list, obs, info) -> None:
+    @staticmethod
+    def _write(pool: SlotPool, views: Dict[str, np.ndarray], i: int, env, obs, info) -> None:
         """Env ``i``'s observation (and the mask of its legal actions) into ``views``."""
-        self.write_obs(views, i, obs)
-        if self.mask_source is not None:
-            views[MASK_KEY][i] = np.asarray(read_mask(envs[i], self.mask_source, obs, info),
+        pool.write_obs(views, i, obs)
+        if pool.mask_source is not None:
+            views[MASK_KEY][i] = np.asarray(read_mask(env, pool.mask_source, obs, info),
                                             bool).reshape(-1)
 
-    def _check_masks(self, views: Dict[str, np.ndarray], group_idx: int) -> None:
+    def _check_masks(self, views: List[dict], group_idx: int) -> None:
         """A mask that leaves some action dimension with no legal action: fail naming the env."""
-        if not self.mask_sizes:
-            return
-        starts = np.cumsum([0] + self.mask_sizes[:-1])
-        ok = np.add.reduceat(views[MASK_KEY], starts, axis=1) > 0
-        if ok.all():
-            return
-        col = int(np.flatnonzero(~ok.all(axis=1))[0])
-        i = col // self.lanes
-        env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * self.cfg.envs_per_group + i
-        agent = "" if self.agents is None else f", agent {self._lane_agent(group_idx, col)!r}"
-        raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}{agent}): its action mask "
-                         f"allows no action in dimension {int(np.flatnonzero(~ok[col])[0])}; every "
-                         "observation needs at least one legal action per dimension")
+        for pool, v in zip(self.pools, views):
+            if not pool.mask_sizes:
+                continue
+            starts = np.cumsum([0] + pool.mask_sizes[:-1])
+            ok = np.add.reduceat(v[MASK_KEY], starts, axis=1) > 0
+            if ok.all():
+                continue
+            col = int(np.flatnonzero(~ok.all(axis=1))[0])
+            what = self._column(pool, group_idx, col)
+            raise ValueError(f"{what}: its action mask allows no action in dimension "
+                             f"{int(np.flatnonzero(~ok[col])[0])}; every observation needs at "
+                             "least one legal action per dimension")
+
+    def _column(self, pool: SlotPool, group_idx: int, col: int) -> str:
+        """The env (and agent) of a column of a group's slot, for an error message."""
+        i = col // pool.lanes
+        env_idx = (self.worker_idx * self.cfg.num_envs_per_worker
+                   + group_idx * self.cfg.envs_per_group + i)
+        agent = "" if self.agents is None else f", agent {self._lane_agent(group_idx, pool.k, col)!r}"
+        return f"env {env_idx} ({self.name}, group {group_idx}, env {i}{agent})"
 
     def _start_env(self, group: EnvGroup, i: int, seed: int) -> tuple:
         """Put a new env in place ``i`` of the group (closing the one there) and reset it; returns
@@ -315,72 +378,87 @@ class RolloutWorker(AgentLanes):
                                f"{self.cfg.max_env_restarts}): a crash loop; its last "
                                f"error:\n{error}")
 
-    def _check_finite(self, rewards: np.ndarray, obs: Dict[str, np.ndarray], group_idx: int) -> None:
+    def _check_finite(self, pool: SlotPool, rewards: np.ndarray, obs: Dict[str, np.ndarray],
+                      group_idx: int) -> None:
         """A NaN or Inf from an env would poison the learner: fail naming the env."""
-        if np.isfinite(rewards).all() and all(np.isfinite(obs[n]).all() for n in self.float_obs):
+        if np.isfinite(rewards).all() and all(np.isfinite(obs[n]).all() for n in pool.float_obs):
             return  # the per-step cost: a reduction per float entry, no per-env flags
         bad_reward = ~np.isfinite(rewards)
         bad_obs = np.zeros(len(rewards), bool)
-        for n in self.float_obs:
+        for n in pool.float_obs:
             bad_obs |= ~np.isfinite(obs[n].reshape(len(rewards), -1)).all(axis=1)
         col = int(np.flatnonzero(bad_reward | bad_obs)[0])
-        i = col // self.lanes
+        i = col // pool.lanes
         what = f"reward {rewards[col]}" if bad_reward[col] else "observation with NaN/Inf"
         if self.agents is not None:
-            what += f" for agent {self._lane_agent(group_idx, col)!r}"
+            what += f" for agent {self._lane_agent(group_idx, pool.k, col)!r}"
         env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * self.cfg.envs_per_group + i
         raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}: "
                          f"{self.groups[group_idx].envs[i]}) returned a non-finite {what}")
 
     def _claim_slots(self) -> None:
-        """Give a free slot to every group without one, and ask for its first actions. Never
-        waits inside the queue (see ipc): whoever frees slots rings the worker's pipe."""
+        """Give every group a free slot of each pool it lacks one of, and ask for the first
+        actions of a group that holds them all. Never waits inside a queue (see ipc): whoever
+        frees slots rings the worker's pipe."""
         for group_idx, group in enumerate(self.groups):
-            if group.slot_idx is not None:
+            if group.has_slots:
                 continue
-            # Up while a slot taken from the queue is not marked as this worker's: the learner's
-            # audit waits for live workers' flags to drop, and finds a slot a worker killed here
-            # left in neither a queue nor anyone's hands (the main process drops its flag).
-            self.claiming_np[self.worker_idx] = 1
-            try:
-                slot = self.free_slot_queue.get(block=False)
-            except queue.Empty:
-                continue
-            else:
-                self.slot_owner_np[slot] = self.serial  # reclaimed if this worker is killed
-            finally:
-                self.claiming_np[self.worker_idx] = 0
-            for name, a in self.observed.items():
-                a[slot, 0] = group.last_obs[name]
-            group.slot_idx, group.t = slot, 0
-            self._request(group_idx)
-
-    def _request(self, group_idx: int) -> None:
-        group = self.groups[group_idx]
-        self.request_queue.put(PolicyRequest(self.worker_idx, group_idx, group.slot_idx, group.t,
-                                             self.incarnation, self.policy_incarnation))
-
-    def _ask_again(self, policy_incarnation: int) -> None:
-        """The policy worker was replaced: the new one drops requests sent to its predecessor,
-        whose answers were all read (they precede the move), so every group still waiting asks
-        again."""
-        self.policy_incarnation = policy_incarnation
-        for group_idx, group in enumerate(self.groups):
-            if group.slot_idx is not None:
+            for pool, s in zip(self.pools, group.slots):
+                if s.slot_idx is not None:
+                    continue
+                # Up while a slot taken from the queue is not marked as this worker's: the
+                # learner's audit waits for live workers' flags to drop, and finds a slot a
+                # worker killed here left in neither a queue nor anyone's hands (the main
+                # process drops its flag).
+                pool.claiming_np[self.worker_idx] = 1
+                try:
+                    slot = pool.free_slot_queue.get(block=False)
+                except queue.Empty:
+                    continue
+                else:
+                    pool.slot_owner_np[slot] = self.worker_serial  # reclaimed if this worker is killed
+                finally:
+                    pool.claiming_np[self.worker_idx] = 0
+                for name, a in pool.observed.items():
+                    a[slot, 0] = s.last_obs[name]
+                s.slot_idx = slot
+            if group.has_slots:
+                group.t = 0
                 self._request(group_idx)
 
+    def _request(self, group_idx: int) -> None:
+        """Ask every trained policy for the actions of the group's row t."""
+        group = self.groups[group_idx]
+        group.waiting = set(range(len(self.pools)))
+        for pool in self.pools:
+            self._request_from(pool, group_idx)
+
+    def _request_from(self, pool: SlotPool, group_idx: int) -> None:
+        group = self.groups[group_idx]
+        pool.request_queue.put(PolicyRequest(self.worker_idx, group_idx, group.slots[pool.k].slot_idx,
+                                             group.t, self.incarnation, pool.policy_incarnation))
+
+    def _ask_again(self, pool: SlotPool, policy_incarnation: int) -> None:
+        """A policy worker of this pool was replaced: the new one drops requests sent to its
+        predecessor, whose answers were all read (they precede the move), so every group still
+        waiting for this pool asks again."""
+        pool.policy_incarnation = policy_incarnation
+        for group_idx, group in enumerate(self.groups):
+            if group.has_slots and pool.k in group.waiting:
+                self._request_from(pool, group_idx)
+
     def _check_stuck(self) -> None:
-        trained = self.ctl[Ctl.TRAINED_ENV_STEPS]
+        trained = self.ctl.column(Ctl.TRAINED_ENV_STEPS)
         # A slow learner (a busy CPU) is not a stuck one, nor one that reached its target while
         # the main process is busy (a long callback) before pausing everyone.
-        if trained != self.trained_seen or self.ctl[Ctl.LEARNER_DONE]:
+        if trained != self.trained_seen or any(self.ctl.column(Ctl.LEARNER_DONE)):
             self.trained_seen, self.last_progress = trained, time.perf_counter()
             return
         waited = time.perf_counter() - self.last_progress
         if not self.serial and waited > self.cfg.worker_timeout:
-            what = ("a free trajectory slot (the learner is not returning slots)"
-                    if any(g.slot_idx is None for g in self.groups)
-                    else "actions from the policy worker")
+            what = ("a free trajectory slot (a learner is not returning slots)"
+                    if not all(g.has_slots for g in self.groups)
+                    else "actions from the policy workers")
             raise TimeoutError(f"{self.name} waited {waited:.0f} s for {what}; "
                                f"raise worker_timeout if this is expected")
 

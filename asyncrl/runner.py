@@ -1,11 +1,16 @@
 """The whole process graph, built in one place, run, watched and torn down.
 
     rollout-i --PolicyRequest--> policy_request[p] --> policy-p     (p = i % num_policy_workers)
-    policy-p  --group index----> action_ready[i]   --> rollout-i   (a pipe: see ipc)
+    policy-p  --2k + group-----> action_ready[i]   --> rollout-i   (a pipe: see ipc)
     rollout-i --slot index-----> full_slot         --> learner
     learner   --slot indices---> free_slot         --> rollout-*
     everyone  --Report---------> report            --> main process (logs, errors)
     learner   --weights+version (SharedWeights)----> policy-*
+
+Everything but the rollout workers, the report queue and the action_ready pipes exists once per
+trained policy k (``PolicyPart``: its slot pool, queues, weights, policy workers and learner);
+with one trained policy the names are those above, with several ``policy-<id>-p`` and
+``learner-<id>``.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import threading
 import time
 import traceback
 import warnings
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, NamedTuple, Optional
 
 import faster_fifo
 import torch
@@ -53,23 +58,46 @@ class WorkerError(RuntimeError):
     """A component (rollout-i, policy-p, learner) failed; the message holds its traceback."""
 
 
-class Queues:
-    """Every queue of the graph (see the module docstring for who writes and reads each)."""
+class PolicyQueues:
+    """One trained policy's queues: requests to its policy workers, its full and free slots;
+    with the graph's report queue and rollout workers' pipes, what its policy workers and
+    learner are given."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, graph: "Queues"):
         # Rollout workers write to these: their readers wait on a bell pipe, not in the queue
         # (see ipc: a rollout worker may be SIGKILLed at any moment).
         self.policy_request = [ipc.BelledQueue(faster_fifo.Queue(1_000_000))
                                for _ in range(cfg.num_policy_workers)]
         self.full_slot = ipc.BelledQueue(faster_fifo.Queue(1_000_000))
+        self.free_slot = faster_fifo.Queue(1_000_000)  # rollout workers take without waiting
+        self.graph = graph
+
+    @property
+    def report(self):
+        return self.graph.report
+
+    @property
+    def action_ready(self) -> list:
+        return self.graph.action_ready
+
+    def ring_all(self) -> None:
+        self.graph.ring_all()
+
+
+class Queues:
+    """Every queue of the graph (see the module docstring for who writes and reads each):
+    ``policy[k]`` holds trained policy k's."""
+
+    def __init__(self, cfg: Config, policy_cfgs: Optional[List[Config]] = None):
         self.report = ipc.BelledQueue(faster_fifo.Queue(10_000_000))
         self.action_ready = [ipc.BytePipe() for _ in range(cfg.num_workers)]
-        self.free_slot = faster_fifo.Queue(1_000_000)  # rollout workers take without waiting
+        self.policy = [PolicyQueues(c, self) for c in (policy_cfgs or [cfg])]
         self.rings = 0  # ring_all calls in this process
 
     def all(self) -> list:
         """The faster-fifo queues (whose locks a dead process may hold)."""
-        return [*(q.fifo for q in self.policy_request), self.free_slot, self.full_slot.fifo,
+        return [*(q.fifo for pq in self.policy for q in pq.policy_request),
+                *(pq.free_slot for pq in self.policy), *(pq.full_slot.fifo for pq in self.policy),
                 self.report.fifo]
 
     def ring_all(self) -> None:
@@ -83,8 +111,10 @@ class Queues:
             self.action_ready[(self.rings + i) % n].ring()
 
     def close(self) -> None:
-        for q in [*self.policy_request, self.full_slot, self.report, self.free_slot,
-                  *self.action_ready]:
+        for pq in self.policy:
+            for q in [*pq.policy_request, pq.full_slot, pq.free_slot]:
+                q.close()
+        for q in [self.report, *self.action_ready]:
             q.close()
 
 
@@ -321,33 +351,118 @@ def check_main_guard() -> None:
         'start training anew. Put the code that trains under `if __name__ == "__main__":`')
 
 
+class TrainedPolicy(NamedTuple):
+    """What the facade gives the graph of one trained policy: its id, config (the graph's, with
+    the policy's own learner settings), model spec, a model of its shape (CPU) and the file of
+    its Adam state."""
+    policy_id: str
+    cfg: Config
+    spec: PolicySpec
+    model: torch.nn.Module
+    optimizer_path: str
+
+
+class Job(NamedTuple):
+    """One trained policy's part of a ``Runner.run`` call. ``model`` (CPU) is updated in place;
+    ``hparams(progress_remaining)`` gives its MUTABLE_HPARAMS values (validated); samples of
+    versions below ``min_version`` are not trained on; a new ``optimizer_epoch`` makes its
+    learner reload the optimizer file."""
+    model: torch.nn.Module
+    version: int
+    start_env_steps: int
+    target_env_steps: int
+    hparams: Callable[[float], dict]
+    min_version: int = 0
+    optimizer_epoch: int = 0
+
+
+class PolicyPart:
+    """Trained policy ``k``'s part of the graph (the policy dimension is this index): its slot
+    pool, queues, shared weights, Adam state, hyper-parameters and control row; its policy
+    workers and learner are given these, the rollout workers every part's pool and queues."""
+
+    def __init__(self, k: int, trained: TrainedPolicy, seed: int, ctl: SharedControl,
+                 queues: PolicyQueues, several: bool):
+        self.k, self.policy_id, self.spec = k, trained.policy_id, trained.spec
+        self.cfg = trained.cfg.replace(seed=(seed + 100_003 * k) % 2 ** 31)
+        self.optimizer_path = trained.optimizer_path
+        spec = buffer_spec(trained.spec.env, trained.model.dist, trained.model.state_size)
+        check_shm_space(TrajectoryBuffers.nbytes(self.cfg, spec))
+        self.buffers = TrajectoryBuffers(self.cfg, spec)
+        self.weights = SharedWeights(trained.model)
+        self.optimizer_state = SharedOptimizerState(trained.model)
+        self.hparams = SharedHyperParams(self.cfg)
+        self.ctl, self.queues = ctl.row(k), queues
+        queues.free_slot.put_many(list(range(self.cfg.num_slots)))
+        # process names: those of a single-policy graph, or with the policy id
+        self.learner_name = f"learner-{self.policy_id}" if several else "learner"
+        self.policy_prefix = f"policy-{self.policy_id}-" if several else "policy-"
+        self.version = self.trained_env_steps = None  # set by run()
+
+    def pool(self) -> tuple:
+        """What a rollout worker needs of this policy: (config, env spec, buffers, queues)."""
+        return self.cfg, self.spec.env, self.buffers, self.queues
+
+    def components(self, device: str, common: dict) -> List[tuple]:
+        common = dict(common, cfg=self.cfg, buffers=self.buffers, ctl=self.ctl, queues=self.queues)
+        out = [(f"{self.policy_prefix}{p}", Make(PolicyWorker, policy_idx=p, policy_spec=self.spec,
+                                                 device=device, weights=self.weights,
+                                                 trained_idx=self.k, name_prefix=self.policy_prefix,
+                                                 **common))
+               for p in range(self.cfg.num_policy_workers)]
+        out.append((self.learner_name, Make(Learner, policy_spec=self.spec, device=device,
+                                            weights=self.weights, optimizer_state=self.optimizer_state,
+                                            hparams=self.hparams, optimizer_path=self.optimizer_path,
+                                            name=self.learner_name, **common)))
+        return out
+
+    def start(self, job: Job) -> None:
+        """A run begins: publish the weights and counters the caller holds."""
+        self.job, self.version, self.trained_env_steps = job, job.version, job.start_env_steps
+        self.weights.publish(job.model, job.version, job.start_env_steps)
+        self.hparams.write(job.hparams(1.0))
+        ctl = self.ctl
+        ctl[Ctl.TRAINED_ENV_STEPS], ctl[Ctl.TARGET_ENV_STEPS] = job.start_env_steps, job.target_env_steps
+        ctl[Ctl.LEARNER_DONE], ctl[Ctl.MIN_VERSION] = 0, job.min_version
+        ctl[Ctl.OPTIMIZER_EPOCH] = job.optimizer_epoch
+
+    def progress(self) -> None:
+        """The hyper-parameter schedules at this policy's progress."""
+        trained, job = self.ctl[Ctl.TRAINED_ENV_STEPS], self.job
+        total = max(1, job.target_env_steps - job.start_env_steps)
+        self.hparams.write(job.hparams(1.0 - min(1.0, (trained - job.start_env_steps) / total)))
+
+    def fetch(self, model: torch.nn.Module, lock_timeout: Optional[float] = None) -> None:
+        """The last published weights into ``model``, with their counters, when they moved."""
+        if self.weights.version != self.version or lock_timeout is not None:
+            kwargs = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
+            self.version, self.trained_env_steps = self.weights.load(model, **kwargs)
+
+
 class Runner:
     """The process graph of one model: started by its first ``run()``, paused between runs (envs
     keep their episodes, workers their processes), shut down by ``close()``, an error, garbage
-    collection or interpreter exit."""
+    collection or interpreter exit. ``trained``: one ``TrainedPolicy`` per trained policy (the
+    policy dimension: each has its own part, ``PolicyPart``)."""
 
-    def __init__(self, cfg: Config, env_factory: Callable, policy_spec: PolicySpec, device: str,
-                 model: torch.nn.Module, optimizer_path: str, logger: TrainLogger, graph_idx: int = 0,
-                 agents: Optional[AgentLayout] = None, frozen: Optional[dict] = None):
+    def __init__(self, cfg: Config, env_factory: Callable, trained: List[TrainedPolicy], device: str,
+                 logger: TrainLogger, graph_idx: int = 0, agents: Optional[AgentLayout] = None,
+                 frozen: Optional[dict] = None):
         # A graph started after an error draws fresh env resets and sampling noise.
-        self.base_cfg = cfg
+        self.base_cfgs = [cfg, *(t.cfg for t in trained)]  # as given: the facade compares them
         self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * graph_idx) % 2 ** 31)
         self.env_factory, self.device, self.agents = env_factory, device, agents
-        self.policy_spec = policy_spec
-        self.optimizer_path, self.logger = optimizer_path, logger
-        self.version = self.trained_env_steps = None  # set by run()
-        spec = buffer_spec(policy_spec.env, model.dist, model.state_size)
-        check_shm_space(TrajectoryBuffers.nbytes(cfg, spec))
-        self.buffers = TrajectoryBuffers(cfg, spec)
-        self.weights = SharedWeights(model)
+        self.logger = logger
+        self.scratch_dir = os.path.dirname(trained[0].optimizer_path)
+        self.ctl = SharedControl(len(trained))
+        self.queues = Queues(self.cfg, [t.cfg for t in trained])
+        self.parts = [PolicyPart(k, t, self.cfg.seed, self.ctl, self.queues.policy[k], len(trained) > 1)
+                      for k, t in enumerate(trained)]
+        logger.learner_prefix = {part.learner_name: f"{part.policy_id}/" if part.k else ""
+                                 for part in self.parts}
         # frozen policies of a multi-agent env (run in the rollout workers): id -> (model, weights)
         self.frozen = {pid: (m, SharedWeights(m)) for pid, (_, m) in (frozen or {}).items()}
         self.frozen_specs = {pid: spec for pid, (spec, _) in (frozen or {}).items()}
-        self.optimizer_state = SharedOptimizerState(model)
-        self.hparams = SharedHyperParams(cfg)
-        self.ctl = SharedControl()
-        self.queues = Queues(cfg)
-        self.queues.free_slot.put_many(list(range(cfg.num_slots)))
         self.procs: list = []       # multi-process mode
         self.makes: dict = {}       # process name -> constructor, to restart a killed component
         self.worker_restarts = 0
@@ -359,16 +474,16 @@ class Runner:
 
     @property
     def slots_reclaimed(self) -> int:
-        """Trajectory slots taken back from dead rollout workers (by the learner)."""
-        return self.ctl[Ctl.SLOTS_RECLAIMED]
+        """Trajectory slots taken back from dead rollout workers (by the learners)."""
+        return sum(self.ctl.column(Ctl.SLOTS_RECLAIMED))
 
     def locks(self) -> list:
         """Every faster-fifo queue whose lock a dead process may hold (see ipc)."""
         return [*self.queues.all(), *(w.lock.token_queue for w in self.all_weights())]
 
     def all_weights(self) -> List[SharedWeights]:
-        """The trained policy's shared weights, then the frozen policies'."""
-        return [self.weights, *(w for _, w in self.frozen.values())]
+        """The trained policies' shared weights, then the frozen policies'."""
+        return [*(part.weights for part in self.parts), *(w for _, w in self.frozen.values())]
 
     @property
     def alive(self) -> bool:
@@ -378,83 +493,85 @@ class Runner:
         self._shutdown()
 
     def components_to_make(self, serial: bool) -> List[tuple]:
-        """(name, constructor) of every component; the wiring is in the Queues they are given."""
-        common = dict(cfg=self.cfg, buffers=self.buffers, ctl=self.ctl, queues=self.queues,
-                      serial=serial)
-        out = [(f"rollout-{i}", Make(RolloutWorker, worker_idx=i, env_factory=pickle.dumps(self.env_factory),
-                                     env_spec=self.policy_spec.env, agents=self.agents,
+        """(name, constructor) of every component, learners last; the wiring is in the queues
+        they are given."""
+        pools = [part.pool() for part in self.parts]
+        out = [(f"rollout-{i}", Make(RolloutWorker, cfg=self.cfg, worker_idx=i, pools=pools,
+                                     env_factory=pickle.dumps(self.env_factory), ctl=self.ctl,
+                                     queues=self.queues, agents=self.agents, serial=serial,
                                      frozen={pid: (self.frozen_specs[pid], w)
-                                             for pid, (_, w) in self.frozen.items()}, **common))
+                                             for pid, (_, w) in self.frozen.items()}))
                for i in range(self.cfg.num_workers)]
-        out += [(f"policy-{p}", Make(PolicyWorker, policy_idx=p, policy_spec=self.policy_spec,
-                                     device=self.device, weights=self.weights, **common))
-                for p in range(self.cfg.num_policy_workers)]
-        out.append(("learner", Make(Learner, policy_spec=self.policy_spec, device=self.device,
-                                    weights=self.weights, optimizer_state=self.optimizer_state,
-                                    hparams=self.hparams, optimizer_path=self.optimizer_path,
-                                    **common)))
+        parts = [part.components(self.device, dict(serial=serial)) for part in self.parts]
+        out += [c for made in parts for c in made[:-1]]  # policy workers
+        out += [made[-1] for made in parts]              # learners
         return out
 
-    def run(self, model: torch.nn.Module, version: int, start_env_steps: int,
-            target_env_steps: int, hparams: Callable[[float], dict], min_version: int = 0,
-            optimizer_epoch: int = 0, callback: Optional[Callable[[int, int], Any]] = None,
-            callback_interval: float = 1.0) -> tuple:
-        """Train ``model`` (CPU, updated in place) until the learner has trained on
-        ``target_env_steps`` samples in total, or ``callback(version, trained_env_steps)`` returns
-        False. The callback runs in this process every ``callback_interval`` seconds, after
-        ``model`` received the latest published weights. ``hparams(progress_remaining)`` gives
-        the MUTABLE_HPARAMS values (validated), polled while training. Samples of policy versions
-        below ``min_version`` are not trained on; a new ``optimizer_epoch`` makes the learner
-        reload the optimizer file. On an error or Ctrl-C the graph is shut down (the next run
-        starts a new one). Returns (new version, trained env steps)."""
+    @property
+    def learners(self) -> list:
+        """Serial mode: the learner components, one per trained policy."""
+        return self.components[-len(self.parts):]
+
+    def run(self, jobs: List[Job], callback: Optional[Callable[[list], Any]] = None,
+            callback_interval: float = 1.0) -> List[tuple]:
+        """Train every trained policy (``jobs[k]`` for part k) until each learner has trained
+        on its ``target_env_steps`` samples in total (one that gets there first goes on
+        training until all have: its agents keep playing), or ``callback([(version,
+        trained_env_steps)] per policy)`` returns False. The callback runs in this process
+        every ``callback_interval`` seconds, after the jobs' models received the latest
+        published weights. On an error or Ctrl-C the graph is shut down (the next run starts a
+        new one). Returns [(new version, trained env steps)] per policy."""
         if not self.alive:
             raise RuntimeError("this Runner was shut down; create a new one")
-        cfg, ctl = self.cfg, self.ctl
-        self.model, self.callback, self.callback_interval = model, callback, callback_interval
-        self.hparams_fn, self.start_env_steps = hparams, start_env_steps
+        ctl = self.ctl
+        self.callback, self.callback_interval = callback, callback_interval
         self.last_callback = time.monotonic()
-        self.version, self.trained_env_steps = version, start_env_steps
         self.logger.reset_run()
-        self.weights.publish(model, version, start_env_steps)
+        for part, job in zip(self.parts, jobs):
+            part.start(job)
         for frozen_model, weights in self.frozen.values():  # as the user last set them
             weights.publish(frozen_model, weights.version + 1, 0)
-        self.hparams.write(hparams(1.0))
-        ctl[Ctl.TRAINED_ENV_STEPS], ctl[Ctl.TARGET_ENV_STEPS] = start_env_steps, target_env_steps
-        ctl[Ctl.LEARNER_DONE], ctl[Ctl.MIN_VERSION] = 0, min_version
-        ctl[Ctl.OPTIMIZER_EPOCH] = optimizer_epoch
         self.run_idx = ctl.run_state()[0] + 1
         ctl.set_run_state(self.run_idx, paused=False)
         ok = False
         try:
-            if cfg.serial_mode:
+            if self.cfg.serial_mode:
                 self._run_serial()
             else:
                 self._run_processes()
             ok = True
         finally:
             ctl.set_run_state(self.run_idx, paused=True)
-            self.model = self.callback = self.hparams_fn = None  # no cycle with the caller
-            # Keep whatever the learner last published, even after an error or Ctrl-C, with the
-            # counters that match it.
-            try:
-                self.version, self.trained_env_steps = self.weights.load(model, lock_timeout=5.0)
-            except TimeoutError as e:  # never mask the error that ended the run
-                warnings.warn(f"could not read the last published weights: {e}")
+            self.callback = None  # no cycle with the caller
+            # Keep whatever the learners last published, even after an error or Ctrl-C, with
+            # the counters that match it.
+            for part in self.parts:
+                try:
+                    part.fetch(part.job.model, lock_timeout=5.0)
+                except TimeoutError as e:  # never mask the error that ended the run
+                    warnings.warn(f"could not read the last published weights: {e}")
+                part.job = None
             late_errors = self._drain_reports(raise_errors=False)
-            self.logger.maybe_log(self.trained_env_steps, force=True)
+            self._log(force=True)
             if late_errors and ok:  # a component failed while pausing: the next call starts anew
                 warnings.warn(f"{late_errors[0].component} failed after the target was reached; "
                               f"its processes are restarted at the next call:\n{late_errors[0].payload}")
             if not ok or late_errors:  # an error or Ctrl-C: nothing is left running
                 self.close()
-        return self.version, self.trained_env_steps
+        return [(part.version, part.trained_env_steps) for part in self.parts]
+
+    def _all_done(self) -> bool:
+        return all(self.ctl.column(Ctl.LEARNER_DONE))
 
     def _progress(self) -> None:
         """Per main-loop pass: hyper-parameter schedules, console/TensorBoard logging."""
-        trained = self.ctl[Ctl.TRAINED_ENV_STEPS]
-        total = max(1, self.ctl[Ctl.TARGET_ENV_STEPS] - self.start_env_steps)
-        self.hparams.write(self.hparams_fn(1.0 - min(1.0, (trained - self.start_env_steps) / total)))
-        self.logger.maybe_log(trained)
+        for part in self.parts:
+            part.progress()
+        self._log()
+
+    def _log(self, force: bool = False) -> None:
+        steps = self.ctl.column(Ctl.TRAINED_ENV_STEPS)
+        self.logger.maybe_log(steps[0], force, {p.policy_id: n for p, n in zip(self.parts[1:], steps[1:])})
 
     # --- serial mode: every component in this process, stepped in turn ---------------------
     def _run_serial(self) -> None:
@@ -468,8 +585,7 @@ class Runner:
                 self.started = True
             for c in self.components:
                 c.resume()
-            learner = self.components[-1]
-            while not learner.finished:
+            while not self._all_done():
                 for c in self.components:
                     c.step(0.0)
                 self._drain_reports(raise_errors=True)
@@ -493,7 +609,7 @@ class Runner:
             if ipc.supported() and hasattr(os, "pidfd_open"):
                 threading.Thread(target=watch_queue_locks, name="asyncrl-lock-watch", daemon=True,
                                  args=(self.procs, self.locks(), self.all_weights(), self.ctl)).start()
-        while not self.ctl[Ctl.LEARNER_DONE]:
+        while not self._all_done():
             self._drain_reports(raise_errors=True, timeout=LOOP_TIMEOUT)
             self._check_alive()
             self._progress()
@@ -507,56 +623,57 @@ class Runner:
         p = mp.get_context("spawn").Process(
             target=component_main, name=name, daemon=False,
             args=(name, self.makes[name], self.ctl, self.queues.report, os.getpid(),
-                  threading.current_thread() is threading.main_thread(),
-                  os.path.dirname(self.optimizer_path),
-                  0 if name == "learner" else self.cfg.sampler_nice))  # sampling yields to it
+                  threading.current_thread() is threading.main_thread(), self.scratch_dir,
+                  0 if name.startswith("learner") else self.cfg.sampler_nice))  # sampling yields
         p.start()
         return p
 
     def _pause(self) -> None:
-        """Pause every component and wait until the learner has left its update and saved its
-        state, so the weights and counters read next are final; then, for at most
+        """Pause every component and wait until the learners have left their updates and saved
+        their state, so the weights and counters read next are final; then, for at most
         REPORT_WAIT seconds, for the rollout workers' last reports (episodes and env restarts
         up to the pause: the statistics a caller reads after train())."""
         self.ctl.set_run_state(self.run_idx, paused=True)
         deadline = time.monotonic() + self.cfg.worker_timeout
-        while self.ctl[Ctl.LEARNER_PAUSED] != self.run_idx:
+        while any(paused != self.run_idx for paused in self.ctl.column(Ctl.LEARNER_PAUSED)):
             self._drain_reports(raise_errors=True, timeout=0.01)
             self._check_alive()
             if time.monotonic() > deadline:
-                raise WorkerError(f"the learner did not pause within worker_timeout="
+                raise WorkerError(f"a learner did not pause within worker_timeout="
                                   f"{self.cfg.worker_timeout} s")
         self.queues.ring_all()  # a rollout worker waiting for actions or slots sees the pause now
         deadline = time.monotonic() + REPORT_WAIT
-        while bool((self.buffers.paused_run < self.run_idx).any()) and time.monotonic() < deadline:
+        paused_run = self.parts[0].buffers.paused_run  # rollout workers mark part 0's
+        while bool((paused_run < self.run_idx).any()) and time.monotonic() < deadline:
             self._drain_reports(raise_errors=True, timeout=0.01)
             self._check_alive()
 
-    def snapshot(self) -> dict:
-        """The learner's exact state, taken between two updates: weights, Adam, counters and
-        RNG of one moment (for a checkpoint written while training). Waits at most
-        ``worker_timeout``."""
+    def snapshot(self, k: int = 0) -> dict:
+        """Trained policy ``k``'s learner's exact state, taken between two updates: weights,
+        Adam, counters and RNG of one moment (for a checkpoint written while training). Waits
+        at most ``worker_timeout``."""
+        part = self.parts[k]
         if self.cfg.serial_mode:  # the learner is here, between two of its steps
-            self.components[-1].snapshot()
+            self.learners[k].snapshot()
         else:
-            request = self.ctl[Ctl.SNAPSHOT_REQUEST] + 1
-            self.ctl[Ctl.SNAPSHOT_REQUEST] = request
+            request = part.ctl[Ctl.SNAPSHOT_REQUEST] + 1
+            part.ctl[Ctl.SNAPSHOT_REQUEST] = request
             deadline = time.monotonic() + self.cfg.worker_timeout
-            while self.ctl[Ctl.SNAPSHOT_DONE] != request:
+            while part.ctl[Ctl.SNAPSHOT_DONE] != request:
                 self._check_alive()
                 if time.monotonic() > deadline:
-                    raise WorkerError(f"the learner did not write its state within worker_timeout="
-                                      f"{self.cfg.worker_timeout} s")
+                    raise WorkerError(f"{part.learner_name} did not write its state within "
+                                      f"worker_timeout={self.cfg.worker_timeout} s")
                 time.sleep(PAUSE_POLL)
-        return torch.load(snapshot_path(self.optimizer_path), map_location="cpu")
+        return torch.load(snapshot_path(part.optimizer_path), map_location="cpu")
 
     def _callback_says_stop(self) -> bool:
         if self.callback is None or time.monotonic() - self.last_callback < self.callback_interval:
             return False
-        if self.weights.version != self.version:  # published with their counters, once per update
-            self.version, self.trained_env_steps = self.weights.load(self.model)
+        for part in self.parts:  # published with their counters, once per update
+            part.fetch(part.job.model)
         self.last_callback = time.monotonic()
-        return self.callback(self.version, self.trained_env_steps) is False
+        return self.callback([(part.version, part.trained_env_steps) for part in self.parts]) is False
 
     def _check_alive(self) -> None:
         for idx, p in enumerate(self.procs):
@@ -586,22 +703,23 @@ class Runner:
         """A component died without an error of its own (SIGKILL, the OOM killer, a segfault
         in an env): a new process takes its place and training goes on.
 
-        - A rollout worker: policy workers drop its pending requests, the learner takes its
+        - A rollout worker: policy workers drop its pending requests, the learners take its
           slots back (see ``Learner._take_back_slots``), the new one draws new env seeds.
         - A policy worker holds no state: rollout workers send their unanswered requests to
           the new one.
-        - The learner: the new one goes on from the last published weights, their counters and
+        - A learner: the new one goes on from the last published weights, their counters and
           Adam's state after the update that made them, losing the update in flight (its slots
           are resampled)."""
         dead = self.procs[idx]
-        kind = dead.name.split("-")[0]
-        if kind == "rollout":
-            what = self._retire_rollout_worker(int(dead.name.split("-")[1]))
-        elif kind == "policy":
-            self.buffers.policy_incarnation[int(dead.name.split("-")[1])] += 1
+        if dead.name.startswith("rollout-"):
+            what = self._retire_rollout_worker(int(dead.name.rpartition("-")[2]))
+        elif dead.name.startswith("policy-"):
+            part = next(part for part in self.parts if dead.name.startswith(part.policy_prefix))
+            part.buffers.policy_incarnation[int(dead.name.rpartition("-")[2])] += 1
             what = "its unanswered requests are sent again"
         else:
-            what = (f"it goes on from the weights of version {self.weights.version} and Adam's "
+            part = next(part for part in self.parts if dead.name == part.learner_name)
+            what = (f"it goes on from the weights of version {part.weights.version} and Adam's "
                     "state after that update")
         self.procs[idx] = self._spawn(dead.name)
         self.worker_restarts += 1
@@ -614,14 +732,15 @@ class Runner:
         dead.close()
 
     def _retire_rollout_worker(self, worker_idx: int) -> str:
-        """Stop serving a dead rollout worker and let the learner take its slots back."""
-        b = self.buffers
-        ticks = b.policy_ticks.clone()
-        b.incarnation[worker_idx] += 1
+        """Stop serving a dead rollout worker and let every learner take its slots back."""
+        buffers = [part.buffers for part in self.parts]
+        ticks = [b.policy_ticks.clone() for b in buffers]
+        for b in buffers:
+            b.incarnation[worker_idx] += 1
         # Every policy worker finishes the pass it is in (which may serve the dead worker's
         # requests) before its slots change hands; later passes drop those requests.
         t0 = time.monotonic()
-        while bool((b.policy_ticks == ticks).any()):
+        while any(bool((b.policy_ticks == before).any()) for b, before in zip(buffers, ticks)):
             waited = time.monotonic() - t0
             if self.ctl.run_state()[1] and waited > 0.5:
                 break  # paused: an idle policy worker makes no passes (and serves nothing)
@@ -632,10 +751,12 @@ class Runner:
                                   f"{self.cfg.worker_timeout} s while rollout-{worker_idx} was "
                                   "replaced")
             time.sleep(PAUSE_POLL)
-        b.claiming[worker_idx] = 0  # it died inside a claim: the learner's audit finds the slot
-        b.reclaimable[worker_idx] = b.incarnation[worker_idx]
-        self.ctl[Ctl.RECLAIM] += 1
-        return "its trajectory slots go back to the learner"
+        for part in self.parts:
+            b = part.buffers
+            b.claiming[worker_idx] = 0  # it died inside a claim: the learner's audit finds the slot
+            b.reclaimable[worker_idx] = b.incarnation[worker_idx]
+            part.ctl[Ctl.RECLAIM] += 1
+        return "its trajectory slots go back to the learner" + ("s" if len(self.parts) > 1 else "")
 
     def _drain_reports(self, raise_errors: bool, timeout: float = 0.0) -> list:
         """Hand queued reports to the logger (one get_many: reading until empty starved the main

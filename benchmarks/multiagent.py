@@ -1,7 +1,8 @@
 """Multi-agent envs (PettingZoo ParallelEnv): learning curves and throughput.
 
     python benchmarks/multiagent.py [--steps 2000000] [--bot_steps 200000] [--bot_seeds 4] [--rounds 8]
-                                    [--round_steps 50000] [--seconds 60]
+                                    [--round_steps 50000] [--seconds 60] [--team_steps 1000000]
+                                    [--tasks spread,bot,selfplay,teams]
 
 - ``simple_spread``: MPE2's simple_spread_v3 (3 agents, 25 steps, discrete actions), every agent
   playing one shared policy (``APPO(make_simple_spread)``, nothing else set), for ``--steps`` agent
@@ -17,6 +18,12 @@
   against a pool of 4 of its past snapshots (``SelfPlay``), a snapshot taken after each round of
   ``--round_steps``; after each round, 200 games (sampled moves, seats alternating) against a
   fixed snapshot of its initial weights: wins, draws, losses.
+- ``teams`` (several trained policies): MPE2's simple_speaker_listener_v4 (a speaker that sees
+  the goal's colour and can only talk, a listener that moves and hears it; different spaces,
+  one shared reward), both policies trained at once, each with its own learner, for
+  ``--team_steps`` agent steps each; beside it the listener trained with a mute rule-based
+  speaker (what it can do without communication), and random play. Written to
+  ``multiagent_teams.{csv,json,png}``.
 - throughput: simple_spread's raw rate (random actions, one env per process, 2 processes) and
   asyncrl's rate once warm, both in agent steps per second.
 
@@ -45,6 +52,31 @@ RESULTS = os.path.join(HERE, "results")
 def make_simple_spread():
     from mpe2 import simple_spread_v3
     return simple_spread_v3.parallel_env(max_cycles=25)
+
+
+def make_speaker_listener():
+    from mpe2 import simple_speaker_listener_v4
+    return simple_speaker_listener_v4.parallel_env(max_cycles=25)
+
+
+def by_role(agent: str) -> str:
+    return agent.split("_")[0]  # "speaker_0" -> "speaker"
+
+
+def mute_speaker(obs):
+    return 0
+
+
+def teams(steps: int) -> list:
+    """Speaker-listener: both policies trained, against the listener alone with a mute speaker."""
+    runs = [learn(make_speaker_listener, steps, "speaker-listener: both trained", seed=0,
+                  policies={"speaker": None, "listener": None}, policy_mapping=by_role),
+            learn(make_speaker_listener, steps, "speaker-listener: listener only (mute speaker)",
+                  seed=0, policies={"speaker": mute_speaker, "listener": None}, policy_mapping=by_role)]
+    rand = random_return(make_speaker_listener)
+    for r in runs:
+        r.update(env="simple_speaker_listener_v4", random=rand, reference=f"random play {rand:.1f}")
+    return runs
 
 
 def counter_bot(obs):
@@ -181,20 +213,39 @@ def main():
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--round_steps", type=int, default=50_000)
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--team_steps", type=int, default=1_000_000)
+    ap.add_argument("--tasks", default="spread,bot,selfplay,teams",
+                    help="which of spread (with the throughput), bot, selfplay, teams to run")
     args = ap.parse_args()
+    tasks = args.tasks.split(",")
     os.makedirs(RESULTS, exist_ok=True)
-    rate = throughput(args.seconds)
+    if {"spread", "bot", "selfplay"} & set(tasks):
+        main_runs(args, tasks)
+    if "teams" in tasks:
+        runs = teams(args.team_steps)
+        out = os.path.join(RESULTS, "multiagent_teams")
+        write_runs(out, {}, runs, ["task"], ["agent_steps", "seconds", "ep_rew_mean"])
+        plot_curves(runs, "env", lambda env: env,
+                    lambda r: (f"C{runs.index(r)}", f"{r['task']} ({r['reference']})"), "agent steps",
+                    "training return per agent", "asyncrl, two trained policies (2 cores)", out + ".png")
+
+
+def main_runs(args, tasks: list) -> None:
+    rate = throughput(args.seconds) if "spread" in tasks else None
     random_spread, random_rps = random_return(make_simple_spread), 0.0
-    runs = [learn(make_simple_spread, args.steps, "simple_spread (shared policy)", seed=0)]
-    runs[0]["random"] = random_spread
-    for seed in range(args.bot_seeds):
+    runs = []
+    if "spread" in tasks:
+        runs.append(learn(make_simple_spread, args.steps, "simple_spread (shared policy)", seed=0))
+        runs[0]["random"] = random_spread
+    for seed in range(args.bot_seeds if "bot" in tasks else 0):
         runs.append(learn(make_rps, args.bot_steps, "RPS against a countering bot", seed=seed,
                           policies={"hero": None, "bot": counter_bot},
                           policy_mapping=lambda agent: "hero" if agent == "player_0" else "bot"))
         runs[-1].update(random=random_rps, seed=seed)
     for r in runs:
         r["reference"] = f"random play {r['random']:.1f}" + (f", seed {r['seed']}" if "seed" in r else "")
-    runs.append(self_play(args.rounds, args.round_steps))
+    if "selfplay" in tasks:
+        runs.append(self_play(args.rounds, args.round_steps))
     print(f"random play: simple_spread {random_spread:.2f}, RPS 0 (in expectation)")
     out = os.path.join(RESULTS, "multiagent_learning")
     write_runs(out, {"throughput": rate}, runs, ["task"], ["agent_steps", "seconds", "ep_rew_mean"])

@@ -288,7 +288,8 @@ class DieHoldingQueueLock(gym.Wrapper):
             from asyncrl import ipc
             from asyncrl.rollout_worker import RolloutWorker
             worker = next(o for o in gc.get_objects() if type(o) is RolloutWorker)
-            ipc.lock_and_die(getattr(worker, self.queue_attr))
+            owner = worker if hasattr(worker, self.queue_attr) else worker.pools[0]  # slot queues
+            ipc.lock_and_die(getattr(owner, self.queue_attr))
         return self.env.step(action)
 
 

@@ -151,6 +151,51 @@ def two_shapes():
     return TwoShapes()
 
 
+class Cues(ParallelEnv):
+    """Agent "small" sees a one-hot cue among 2 (Box(2)) and picks Discrete(2); "big" a cue among
+    4 (Box(4)), Discrete(4). Reward 1 for the cued action; 4 steps an episode. Random play:
+    returns 2 and 1; perfect play: 4 each (two policies, different spaces, both must learn)."""
+
+    metadata = {"name": "cues"}
+    possible_agents = ["small", "big"]
+    SIZES = {"small": 2, "big": 4}
+
+    def __init__(self):
+        self.agents = []
+        self.rng = np.random.default_rng()
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(0.0, 1.0, (self.SIZES[agent],), np.float32)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(self.SIZES[agent])
+
+    def _observe(self):
+        self.cues = {a: int(self.rng.integers(self.SIZES[a])) for a in self.agents}
+        return {a: np.eye(self.SIZES[a], dtype=np.float32)[c] for a, c in self.cues.items()}
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        rewards = {a: float(actions[a] == self.cues[a]) for a in self.agents}
+        self.t += 1
+        truncs = {a: self.t >= 4 for a in self.agents}
+        terms = {a: False for a in self.agents}
+        done = self.t >= 4
+        obs = self._observe()
+        if done:
+            self.agents = []
+        return obs, rewards, terms, truncs, {a: {} for a in rewards}
+
+
+def cues():
+    return Cues()
+
+
 class TicTacToe(ParallelEnv):
     """Tic-tac-toe as a ParallelEnv: both players act every step, only the mover's action
     counts. Observation: {"observation": the board from the player's side (own marks 1,

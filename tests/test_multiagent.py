@@ -189,14 +189,20 @@ def test_parameters_are_keyed_by_policy_id_and_round_trip(tmp_path):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("case", ["two_trained", "unknown_id", "mapping_raises", "unpicklable",
+@pytest.mark.parametrize("case", ["none_trained", "graph_field", "dotted_id", "unknown_id", "mapping_raises", "unpicklable",
                                   "no_mapping", "single_agent", "lanes", "at_once"])
 def test_bad_multi_agent_settings_fail_early_and_say_what_to_change(case):
     lock = threading.Lock()
     env, kw, match = ma_envs.rps, dict(policies={"hero": None, "bot": ma_envs.rock_bot},
                                        policy_mapping=hero_vs_bot), None
-    if case == "two_trained":
-        kw["policies"], match = {"hero": None, "villain": {}}, "exactly one policy"
+    if case == "none_trained":
+        kw["policies"], match = {"hero": {"frozen": True}, "bot": ma_envs.rock_bot}, "none of"
+    elif case == "graph_field":
+        kw["policies"], match = {"hero": None, "bot": {"num_workers": 3}}, "shared by every policy"
+        kw["policy_mapping"] = hero_vs_bot
+    elif case == "dotted_id":
+        kw["policies"], match = {"hero.v2": None, "bot": ma_envs.rock_bot}, "contains '.'"
+        kw["policy_mapping"] = lambda agent: "hero.v2" if agent == "player_0" else "bot"
     elif case == "unknown_id":
         kw["policy_mapping"], match = (lambda agent: "nobody"), "not among the policies"
     elif case == "mapping_raises":
@@ -355,3 +361,86 @@ def test_recurrent_frozen_snapshots_keep_a_state_per_agent_and_episode():
     assert states and all(s.shape == (16,) and bool(s.abs().sum() > 0) for s in states)
     assert keys <= live  # only the episodes in progress keep states
     assert state.shape == (1, 1, 16)
+
+
+# --- several trained policies: a slot pool, policy workers and a learner each ------------------
+TWO = dict(policies={"small": None, "big": {"learning_rate": 2e-3, "num_epochs": 2,
+                                            "policy_kwargs": {"net_arch": [32]}}},
+           policy_mapping=lambda agent: agent)
+
+
+@pytest.mark.timeout(60)
+def test_two_trained_policies_with_their_own_spaces_and_settings_learn_at_once():
+    """Cues: "small" (2 cues) and "big" (4 cues, its own learning rate, epochs and network)
+    each learn to answer their cue; both are trained in the same run, on their own samples."""
+    with APPO(ma_envs.cues, serial_mode=True, **{**FAST, **TWO}) as model:
+        small, big = model.trainees["small"], model.trainees["big"]
+        assert small.config(model.config).learning_rate == 3e-3
+        assert big.config(model.config).learning_rate == 2e-3
+        assert big.config(model.config).num_epochs == 2
+        assert model.get_parameters()["big"]["action_head.weight"].shape == (4, 32)
+        before = model.evaluate(40, seed=0, deterministic=False, policy_id="big")[0]
+        model.train(6_000)
+        after = {pid: model.evaluate(40, seed=0, policy_id=pid)[0] for pid in ("small", "big")}
+        assert small.num_timesteps >= 6_000 and big.num_timesteps >= 6_000
+        assert model.num_timesteps == small.num_timesteps  # the first trained policy's
+        assert set(model.get_parameters()) == {"small", "small.optimizer", "big", "big.optimizer"}
+        logged = model.logger.last_train_by
+    assert before < 2.0 and after["small"] > 3.8 and after["big"] > 3.8  # random: 2 and 1
+    assert set(logged) == {"", "big/"} and logged["big/"]["learning_rate"] == 2e-3
+
+
+@pytest.mark.timeout(60)
+def test_one_trained_policys_parameters_leave_the_other_alone_and_round_trip(tmp_path):
+    with APPO(ma_envs.cues, serial_mode=True, **{**FAST, **TWO}) as model:
+        model.train(1_000)
+        before = model.get_parameters()
+        zeros = {k: torch.zeros_like(v) for k, v in before["big"].items()}
+        model.set_parameters({"big": zeros})
+        after = model.get_parameters()
+        assert all(torch.equal(after["small"][k], v) for k, v in before["small"].items())
+        assert all(torch.equal(after["big"][k], v) for k, v in zeros.items())
+        assert model.trainees["big"].min_version == model.trainees["big"].version > 0
+        assert model.trainees["small"].min_version == 0  # its samples stay valid
+        with pytest.raises(ValueError, match="key it by policy id"):
+            model.set_parameters(before["small"])
+        with pytest.raises(ValueError, match="do not fit"):  # small's weights for big
+            model.set_parameters({"big": before["small"]})
+        model.train(500)
+        model.save(tmp_path / "two.pt")
+        saved = model.get_parameters()
+        steps = {pid: t.num_timesteps for pid, t in model.trainees.items()}
+    loaded = APPO.load(tmp_path / "two.pt", serial_mode=True)
+    try:
+        assert {pid: t.num_timesteps for pid, t in loaded.trainees.items()} == steps
+        params = loaded.get_parameters()
+        for pid in ("small", "big"):
+            assert all(torch.equal(params[pid][k], v) for k, v in saved[pid].items())
+        loaded.set_parameters({"big": str(tmp_path / "two.pt")})  # that policy's entry of the file
+        assert all(torch.equal(loaded.get_parameters()["big"][k], v) for k, v in saved["big"].items())
+        loaded.train(500)
+    finally:
+        loaded.close()
+
+
+@pytest.mark.timeout(120)
+def test_two_trained_policies_in_worker_processes_survive_a_killed_learner_and_leave_nothing():
+    from test_worker_faults import wait_for_child
+    killed = []
+
+    def kill_big_learner(model):
+        if model.num_timesteps and not killed:
+            os.kill(wait_for_child("learner-big").pid, signal.SIGKILL)
+            killed.append(model.trainees["big"].num_timesteps)
+        return None
+
+    with APPO(ma_envs.cues, **{**FAST, **TWO}) as model:
+        model.train(12_000, callback=kill_big_learner, callback_interval=0.2)
+        names = sorted(p.name for p in model._runner.procs)
+        assert names == ["learner-big", "learner-small", "policy-big-0", "policy-small-0",
+                         "rollout-0", "rollout-1"]
+        assert killed and model.logger.worker_restarts == 1
+        assert model.trainees["big"].num_timesteps >= 12_000
+        score = model.evaluate(20, seed=0, policy_id="big")[0]
+    assert score > 3.0
+    assert worker_children() == []

@@ -30,7 +30,8 @@ class Graph:
 
     def __init__(self):
         self.buffers = TrajectoryBuffers(CFG, VECTOR_SPEC)
-        self.ctl, self.queues = SharedControl(), Queues(CFG)
+        self.ctl, self.all_queues = SharedControl(), Queues(CFG)
+        self.queues = self.all_queues.policy[0]  # the one trained policy's
         self.learner = Learner(CFG, policy_spec=None, device="cpu", buffers=self.buffers,
                                weights=None, optimizer_state=None, hparams=None, ctl=self.ctl,
                                queues=self.queues, optimizer_path="unused", serial=True)
@@ -51,7 +52,7 @@ class Graph:
         self.ctl[Ctl.RECLAIM] += 1
 
     def close(self):
-        self.queues.close()
+        self.all_queues.close()
 
 
 @pytest.fixture
