@@ -184,7 +184,8 @@ def test_second_ctrl_c_during_shutdown_kills_at_once():
     import multiprocessing as mp
 
     from asyncrl.buffers import SharedControl
-    from asyncrl.runner import JOIN_TIMEOUT, Queues, shutdown_graph
+    from asyncrl.processes import JOIN_TIMEOUT, shutdown_graph
+    from asyncrl.runner import Queues
     from asyncrl.config import Config
 
     ctl, queues = SharedControl(), Queues(Config())
