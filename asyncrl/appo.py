@@ -109,7 +109,7 @@ class APPO:
         kwargs.update({k: _schedule_value(k, v, 1.0) for k, v in schedules.items()})
         device = kwargs.get("device", Config.device)
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-        defaults = run_defaults(env_family(env), cpu_only)
+        defaults = run_defaults(env_family(env), cpu_only, multi_agent=self.agents is not None)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
         self.config = Config.from_kwargs(defaults(kwargs, not make_distribution(self.action_space).discrete))
         if self.config.seed is None:
@@ -527,15 +527,17 @@ class APPO:
         atomic_torch_save(blob, path)
 
     def _saved_state(self, k: int, t: Trainee) -> dict:
-        """A trained policy's weights, Adam state, learner RNG and counters, of one moment."""
+        """A trained policy's weights, Adam state, learner RNG and counters, of one moment, and
+        where its config differs from the run's (``fields``)."""
+        fields = {n: v for n, v in t.fields.items() if n != "lanes_per_env"}  # the env sets lanes
         if self._training and self._runner is not None and self._runner.started:
             snap = self._runner.snapshot(k)
             return {"state_dict": snap["policy"], "optimizer": snap["optimizer"],
                     "learner_rng": snap["learner_rng"], "policy_version": snap["policy_version"],
-                    "num_timesteps": snap["num_timesteps"]}
+                    "num_timesteps": snap["num_timesteps"], "fields": fields}
         return {"state_dict": t.model.state_dict(), "optimizer": self._load_scratch(t.optimizer_path),
                 "learner_rng": self._load_scratch(rng_path(t.optimizer_path)),
-                "policy_version": t.version, "num_timesteps": t.num_timesteps}
+                "policy_version": t.version, "num_timesteps": t.num_timesteps, "fields": fields}
 
     @staticmethod
     def _load_scratch(path: str) -> Any:
@@ -550,10 +552,16 @@ class APPO:
         except (AttributeError, ModuleNotFoundError) as e:
             raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); it was "
                                "probably defined in a script's __main__: pass env=... to load()") from e
+        policies = overrides.pop("policies", None)
+        if policies is None:  # as saved, each trained policy's settings as they were then
+            policies = _uncloudpickled(blob.get("policies"))
+            for pid, entry in (blob.get("trained") or {}).items():
+                if entry.get("fields"):  # several trained: their own values (and what they implied)
+                    policies[pid] = {**entry["fields"], **(policies[pid] or {})}
         model = cls(env if env is not None else blob["env_factory"],
                     policy=overrides.pop("policy", blob.get("policy_class")),
                     policy_kwargs=overrides.pop("policy_kwargs", blob.get("policy_kwargs")),
-                    policies=overrides.pop("policies", _uncloudpickled(blob.get("policies"))),
+                    policies=policies,
                     policy_mapping=overrides.pop("policy_mapping",
                                                  _uncloudpickled(blob.get("policy_mapping"))),
                     **{**blob["config"], "device": device, **overrides})

@@ -365,15 +365,16 @@ def available_cores() -> int:
 
 
 def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = False,
-                  cores: Optional[int] = None, continuous: bool = False) -> dict:
+                  cores: Optional[int] = None, continuous: bool = False,
+                  multi_agent: bool = False) -> dict:
     """The caller's keywords, over the values that the env ``family`` (``envs.env_family``) and the
     algorithm variant imply: a family gets FAMILY_DEFAULTS[family], "doom" DOOM_DEFAULTS; Atari
     gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
     ``num_envs_per_worker``); ``continuous`` actions get CONTINUOUS_DEFAULTS; IMPALA trains one epoch per batch; synchronous PPO's batch is one
-    rollout of every env; a multi-agent env's batch (``lanes_per_env`` > 1) is rounded to a
-    multiple of its slot. What the caller sets always wins."""
+    rollout of every env; a ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is
+    rounded to a multiple of its slot. What the caller sets always wins."""
     atari = family == "atari"
     preset = dict(FAMILY_DEFAULTS.get(family) or (CONTINUOUS_DEFAULTS if continuous else {}))
     if atari and cpu_only and "algo" not in kwargs:
@@ -390,7 +391,7 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     counts_ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts)
     implied = {}
     slot = counts[2] * max(1, counts[1] // 2) * counts[4] if counts_ok else 0
-    if (atari or counts[4] != 1) and counts_ok:  # bad counts are left to validation
+    if (atari or multi_agent or counts[4] != 1) and counts_ok:  # bad counts: left to validation
         target = ATARI_BATCH_SIZE if atari else get("batch_size")
         implied["batch_size"] = max(1, round(target / slot)) * slot
     if algo == "impala":

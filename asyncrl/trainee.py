@@ -89,9 +89,11 @@ def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict
     return Trainee(pid, spec, build_checked(spec, cfg), fields, own_hparams)
 
 
-def run_defaults(family: Optional[str], cpu_only: bool) -> Callable[[dict, bool], dict]:
+def run_defaults(family: Optional[str], cpu_only: bool,
+                 multi_agent: bool) -> Callable[[dict, bool], dict]:
+    """kwargs, continuous -> the keywords over the run's implied defaults (config.with_defaults)."""
     return lambda kwargs, continuous: with_defaults(kwargs, family=family, cpu_only=cpu_only,
-                                                    continuous=continuous)
+                                                    continuous=continuous, multi_agent=multi_agent)
 
 
 def hparams_of(trainee: Trainee, shared: Dict[str, Any]) -> Dict[str, Any]:

@@ -444,3 +444,25 @@ def test_two_trained_policies_in_worker_processes_survive_a_killed_learner_and_l
         score = model.evaluate(20, seed=0, policy_id="big")[0]
     assert score > 3.0
     assert worker_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_trained_policies_with_different_lanes_get_their_own_batch_and_reload(tmp_path):
+    """a0 plays "one" (1 lane), a1 and a2 play "two" (2 lanes): each pool's slot, batch and
+    minibatch fit its own lanes, and a saved model comes back with the same settings."""
+    kw = dict(policies={"one": None, "two": None},
+              policy_mapping=lambda agent: "one" if agent == "a0" else "two")
+    with APPO(ma_envs.leaving, serial_mode=True, **{**FAST, "rollout": 12}, **kw) as model:
+        configs = {pid: t.config(model.config) for pid, t in model.trainees.items()}
+        assert configs["one"].lanes_per_env == 1 and configs["two"].lanes_per_env == 2
+        for cfg in configs.values():
+            assert cfg.batch_size % cfg.slot_size == 0 and cfg.batch_size % cfg.minibatch_size == 0
+        model.train(600)
+        model.save(tmp_path / "m.pt")
+    loaded = APPO.load(tmp_path / "m.pt")
+    try:
+        assert {pid: t.config(loaded.config).batch_size for pid, t in loaded.trainees.items()} == {
+            pid: cfg.batch_size for pid, cfg in configs.items()}
+        loaded.train(600)
+    finally:
+        loaded.close()
