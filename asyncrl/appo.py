@@ -122,19 +122,21 @@ class APPO:
                 raise ConfigError(f"policy={cls!r}: expected an nn.Module class (see asyncrl.models)")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
-            first_spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
-            self.trainees: Dict[str, Trainee] = {
-                self.policy_id: Trainee(self.policy_id, first_spec,
-                                        build_checked(first_spec, self.config), {}, {})}
-            if len(trained) > 1:  # each with its own settings over the run's
+            if len(trained) == 1:
+                spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
+                self.trainees: Dict[str, Trainee] = {
+                    self.policy_id: Trainee(self.policy_id, spec, build_checked(spec, self.config), {}, {})}
+            else:  # each with its own settings over the run's
                 run_kwargs = {k: v for k, v in kwargs.items() if k != "lanes_per_env"}
                 self.trainees = {pid: build_trainee(pid, spec, own, run_kwargs, self.config, lanes[pid],
                                                     policy, policy_kwargs, defaults)
                                  for pid, (spec, own) in trained.items()}
-            # frozen policies: the first trained one's model unless they name their own
-            self.frozen_specs = {pid: PolicySpec(spec, own.get("policy", policy),
-                                                 dict(own.get("policy_kwargs", policy_kwargs) or {}))
+            # frozen policies: the first trained one's policy/policy_kwargs unless they name their own
+            first = self.trainees[self.policy_id].spec
+            self.frozen_specs = {pid: PolicySpec(spec, own.get("policy", first.policy),
+                                                 dict(own.get("policy_kwargs", first.policy_kwargs) or {}))
                                  for pid, (spec, own) in probed.frozen.items()}
+            # (built with the run's config, as the rollout workers build them)
             self.frozen = {pid: build_checked(spec, self.config) for pid, spec in self.frozen_specs.items()}
         for model in (*self.models().values(), *self.frozen.values()):
             model.eval()

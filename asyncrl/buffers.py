@@ -175,9 +175,6 @@ class SharedControl:
         view.values, view.policy_idx = self.values, policy_idx
         return view
 
-    def rows(self) -> list:
-        return [self.row(k) for k in range(self.num_policies)]
-
     def column(self, key: Ctl) -> list:
         """Field ``key`` of every trained policy."""
         return self.values[:, key].tolist()

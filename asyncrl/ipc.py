@@ -99,7 +99,7 @@ def lock_and_die(q) -> None:
 
 
 SLOTS_FREED = 255  # the byte that wakes a rollout worker waiting for a free slot (actions
-                   # ready: 2 x trained policy + group, see policy_worker.ready_code)
+                   # ready: 2 x trained policy + group, see messages.ready_code)
 
 
 class BytePipe:

@@ -15,8 +15,23 @@ class PolicyRequest(NamedTuple):
     policy_incarnation: int  # of the policy worker asked: a replacement drops older requests
 
 
+MAX_TRAINED_POLICIES = 127  # an "actions ready" code is one byte, 255 taken (ipc.SLOTS_FREED)
+
+
+def ready_code(trained_idx: int, group_idx: int) -> int:
+    """The byte a policy worker of trained policy ``trained_idx`` sends a rollout worker when
+    the actions of its group ``group_idx`` (0 or 1) are written."""
+    return 2 * trained_idx + group_idx
+
+
+def parse_ready(code: int) -> tuple:
+    """(trained policy index, group index) of a ``ready_code``."""
+    return divmod(code, 2)
+
+
 class ReportKind(Enum):
-    EPISODES = "episodes"  # payload: (returns list, lengths list, env steps collected, env restarts)
+    EPISODES = "episodes"  # payload: (returns, lengths, env steps collected, env restarts,
+                           #          {other policy id: (returns, lengths)})
     TRAIN = "train"        # payload: dict of learner scalars for one update
     TIMING = "timing"      # payload: dict stage -> cumulative seconds
     ERROR = "error"        # payload: formatted traceback

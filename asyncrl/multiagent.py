@@ -27,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from .config import ConfigError
+from .messages import MAX_TRAINED_POLICIES
 
 DEFAULT_POLICY = "policy"  # the one policy of a single-agent env, or one shared by every agent
 
@@ -161,6 +162,10 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
         raise ConfigError(f"policies: none of {list(policies)} is trained; give at least one "
                           "policy None or a dict of overrides (frozen and rule-based ones only "
                           "play: use model.evaluate() on a model that trains one)")
+    if len(trained) > MAX_TRAINED_POLICIES:
+        raise ConfigError(f"policies: {len(trained)} trained policies; at most "
+                          f"{MAX_TRAINED_POLICIES} can be trained in one run (map agents to fewer, "
+                          "or make some frozen)")
     bad = [pid for pid in trained if "." in pid or "/" in pid]
     if bad:
         raise ConfigError(f"policies: the trained policy id {bad[0]!r} contains '.' or '/', which "

@@ -14,18 +14,12 @@ import torch
 
 from .buffers import RNN_STATE, SharedControl, SharedWeights, TrajectoryBuffers
 from .config import Config
-from .messages import Report, ReportKind
+from .messages import Report, ReportKind, ready_code
 from .models import ActorCritic, PolicySpec
 from .spaces import MASK_KEY, split_obs_names
 from .timing import StageTimer
 
 REPORT_INTERVAL = 1.0
-
-
-def ready_code(trained_idx: int, group_idx: int) -> int:
-    """The byte that tells a rollout worker that trained policy ``trained_idx`` wrote the
-    actions of its group ``group_idx`` (see ipc.SLOTS_FREED, the one byte never used)."""
-    return 2 * trained_idx + group_idx
 
 
 class PolicyWorker:

@@ -2,7 +2,7 @@
 
 While the policy workers compute actions for one group, the worker steps the other
 (double-buffered sampling). Per group step the only messages are one ``PolicyRequest`` out per
-trained policy and one code back from each (see policy_worker.ready_code). A group holds one
+trained policy and one code back from each (see messages.ready_code). A group holds one
 slot of every trained policy's pool (``SlotPool``; a single-agent env has one) and steps when
 all of them have their actions.
 """
@@ -21,7 +21,7 @@ from .buffers import Ctl, SharedControl, SlotState
 from .config import Config
 from .env_group import EnvGroup, SlotPool
 from .ipc import SLOTS_FREED
-from .messages import PolicyRequest, Report, ReportKind
+from .messages import PolicyRequest, Report, ReportKind, parse_ready
 from .agent_lanes import AgentLanes, FrozenPolicy
 from .multiagent import AgentLayout
 from .spaces import MASK_KEY, read_mask
@@ -129,7 +129,7 @@ class RolloutWorker(AgentLanes):
         for code in ready or ():
             if code == SLOTS_FREED:
                 continue
-            k, group_idx = divmod(code, 2)
+            k, group_idx = parse_ready(code)
             group = self.groups[group_idx]
             if k in group.waiting:
                 group.waiting.discard(k)

@@ -18,11 +18,14 @@
   against a pool of 4 of its past snapshots (``SelfPlay``), a snapshot taken after each round of
   ``--round_steps``; after each round, 200 games (sampled moves, seats alternating) against a
   fixed snapshot of its initial weights: wins, draws, losses.
-- ``teams`` (several trained policies): MPE2's simple_speaker_listener_v4 (a speaker that sees
-  the goal's colour and can only talk, a listener that moves and hears it; different spaces,
-  one shared reward), both policies trained at once, each with its own learner, for
-  ``--team_steps`` agent steps each; beside it the listener trained with a mute rule-based
-  speaker (what it can do without communication), and random play. Written to
+- ``teams`` (several trained policies, each with its own learner): MPE2's
+  simple_speaker_listener_v4 (a speaker that sees the goal's colour and can only talk, a
+  listener that moves and hears it; different spaces, one shared reward), both trained at
+  once for ``--team_steps`` agent steps each, beside the listener trained with a mute and with
+  an oracle rule-based speaker (without and with a language), and random play; and MPE2's
+  simple_tag_v3 (3 predators playing one policy, 3 lanes, against 1 prey playing another, 1
+  lane, other spaces), trained against each other for ``--team_steps / 2`` prey steps, each
+  side's return against random movers before and after. Written to
   ``multiagent_teams.{csv,json,png}``.
 - throughput: simple_spread's raw rate (random actions, one env per process, 2 processes) and
   asyncrl's rate once warm, both in agent steps per second.
@@ -67,16 +70,85 @@ def mute_speaker(obs):
     return 0
 
 
+def oracle_speaker(obs):
+    """A rule-based speaker that names the goal (its observation: the goal's colour)."""
+    return int(np.argmax(obs))
+
+
+def make_simple_tag():
+    from mpe2 import simple_tag_v3
+    return simple_tag_v3.parallel_env(max_cycles=25)
+
+
+def by_team(agent: str) -> str:
+    return "predators" if agent.startswith("adversary") else "prey"
+
+
+def versus_random(model: APPO, side: str, episodes: int = 200) -> float:
+    """simple_tag: the mean return per agent of team ``side`` (its policy, sampled actions)
+    against a team that moves at random."""
+    env, rng, total = make_simple_tag(), np.random.default_rng(0), []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=20_000 + ep)
+        ret = {}
+        while env.agents:
+            acts = {a: (model.predict(obs[a], policy_id=side)[0] if by_team(a) == side
+                        else int(rng.integers(5))) for a in env.agents}
+            obs, rewards, _, _, _ = env.step(acts)
+            for a, r in rewards.items():
+                if by_team(a) == side:
+                    ret[a] = ret.get(a, 0.0) + r
+        total.append(np.mean(list(ret.values())))
+    return float(np.mean(total))
+
+
+def tag(steps: int) -> list:
+    """simple_tag: 3 predators (one policy, 3 lanes) and 1 prey (another, 1 lane, other
+    spaces) trained against each other; each side's return against random movers before and
+    after, and the training curves."""
+    curves = {"predators": [], "prey": []}
+    t0 = time.perf_counter()
+
+    def record(model):
+        for side in curves:
+            window = (model.logger.ep_returns if side == model.policy_id
+                      else [r for r, _ in model.logger.other_episodes.get(side, ())])
+            curves[side].append((model.trainees[side].num_timesteps, time.perf_counter() - t0,
+                                 float(np.mean(window)) if window else float("nan")))
+
+    with APPO(make_simple_tag, verbose=0, seed=0, policies={"predators": None, "prey": None},
+              policy_mapping=by_team) as model:
+        before = {side: versus_random(model, side) for side in curves}
+        model.train(steps, callback=record, callback_interval=2.0)
+        record(model)
+        seconds = time.perf_counter() - t0
+        after = {side: versus_random(model, side) for side in curves}
+        agent_steps = {side: t.num_timesteps for side, t in model.trainees.items()}
+    runs = []
+    for side in curves:
+        print(f"simple_tag {side}: {agent_steps[side]:,} agent steps in {seconds:.0f} s; return per "
+              f"agent against random movers {before[side]:.2f} (initial weights) -> {after[side]:.2f}",
+              flush=True)
+        runs.append(dict(task=f"simple_tag: {side} (trained against the other)", env="simple_tag_v3",
+                         curve=curves[side], seconds=seconds, before_vs_random=before[side],
+                         after_vs_random=after[side], agent_steps=agent_steps[side],
+                         reference=f"vs random movers {before[side]:.1f} -> {after[side]:.1f}"))
+    return runs
+
+
 def teams(steps: int) -> list:
-    """Speaker-listener: both policies trained, against the listener alone with a mute speaker."""
+    """Two trained policies: speaker-listener (both trained, against the listener with a mute or
+    an oracle rule-based speaker) and simple_tag (predators against prey)."""
     runs = [learn(make_speaker_listener, steps, "speaker-listener: both trained", seed=0,
                   policies={"speaker": None, "listener": None}, policy_mapping=by_role),
             learn(make_speaker_listener, steps, "speaker-listener: listener only (mute speaker)",
-                  seed=0, policies={"speaker": mute_speaker, "listener": None}, policy_mapping=by_role)]
+                  seed=0, policies={"speaker": mute_speaker, "listener": None}, policy_mapping=by_role),
+            learn(make_speaker_listener, steps, "speaker-listener: listener only (oracle speaker)",
+                  seed=0, policies={"speaker": oracle_speaker, "listener": None}, policy_mapping=by_role)]
     rand = random_return(make_speaker_listener)
     for r in runs:
         r.update(env="simple_speaker_listener_v4", random=rand, reference=f"random play {rand:.1f}")
-    return runs
+    return runs + tag(steps // 2)
 
 
 def counter_bot(obs):
