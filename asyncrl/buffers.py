@@ -158,12 +158,26 @@ class SharedControl:
     ``RUN_STATE`` belong to the whole graph and live in row 0. ``row(k)`` is the view a
     component of trained policy ``k`` is given; indexing reads that row."""
 
-    GRAPH_FIELDS = (Ctl.STOP, Ctl.RUN_STATE)
+    GRAPH_FIELDS = (int(Ctl.STOP), int(Ctl.RUN_STATE))
 
     def __init__(self, num_policies: int = 1):
         self.values = torch.zeros((num_policies, len(Ctl)), dtype=torch.int64).share_memory_()
         self.policy_idx = 0
         self.set_run_state(0, paused=True)
+
+    def __getstate__(self):
+        return {"values": self.values, "policy_idx": self.policy_idx}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    @property
+    def _np(self) -> np.ndarray:
+        """A numpy view of the same memory (read in every loop pass: faster than torch's)."""
+        view = self.__dict__.get("_np_view")
+        if view is None:
+            view = self.__dict__["_np_view"] = self.values.numpy()
+        return view
 
     @property
     def num_policies(self) -> int:
@@ -177,25 +191,25 @@ class SharedControl:
 
     def column(self, key: Ctl) -> list:
         """Field ``key`` of every trained policy."""
-        return self.values[:, key].tolist()
+        return self._np[:, key].tolist()
 
     def __getitem__(self, key: Ctl) -> int:
-        return int(self.values[0 if key in self.GRAPH_FIELDS else self.policy_idx, key])
+        return int(self._np[0 if key in self.GRAPH_FIELDS else self.policy_idx, key])
 
     def __setitem__(self, key: Ctl, value: int) -> None:
-        self.values[0 if key in self.GRAPH_FIELDS else self.policy_idx, key] = value
+        self._np[0 if key in self.GRAPH_FIELDS else self.policy_idx, key] = value
 
     @property
     def stopping(self) -> bool:
-        return bool(self.values[0, Ctl.STOP])
+        return bool(self._np[0, Ctl.STOP])
 
     def run_state(self) -> Tuple[int, bool]:
         """(run, paused), from one read."""
-        state = int(self.values[0, Ctl.RUN_STATE])
+        state = int(self._np[0, Ctl.RUN_STATE])
         return state >> 1, bool(state & 1)
 
     def set_run_state(self, run: int, paused: bool) -> None:
-        self.values[0, Ctl.RUN_STATE] = 2 * run + int(paused)
+        self._np[0, Ctl.RUN_STATE] = 2 * run + int(paused)
 
 
 class SharedHyperParams:

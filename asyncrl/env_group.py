@@ -70,7 +70,8 @@ class EnvGroup:
         self.envs = envs
         self.slots = [GroupSlot(pool, len(envs)) for pool in pools]
         self.t = 0
-        self.waiting: set = set()  # trained policies whose actions for row t are not written yet
+        self.has_slots = False  # a slot of every pool (kept by the worker as it claims and hands)
+        self.waiting = 0  # bit k: trained policy k has not written its actions for row t yet
         self.ep_return = [0.0] * len(envs)
         self.ep_length = [0] * len(envs)
         self.failures = [0] * len(envs)  # restarts since the env last completed a step
@@ -81,7 +82,3 @@ class EnvGroup:
         self.agent_return: List[dict] = [{} for _ in envs]
         self.agent_length: List[dict] = [{} for _ in envs]
         self.episode_idx = [0] * len(envs)
-
-    @property
-    def has_slots(self) -> bool:
-        return all(s.slot_idx is not None for s in self.slots)

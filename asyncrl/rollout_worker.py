@@ -38,6 +38,7 @@ class RolloutWorker(AgentLanes):
         (see runner.PolicyPart.pool); ``ctl``: the graph's control matrix."""
         self.cfg, self.worker_idx, self.env_factory = cfg, worker_idx, env_factory
         self.pools = [SlotPool(k, *pool, worker_idx) for k, pool in enumerate(pools)]
+        self.all_pools = (1 << len(self.pools)) - 1  # EnvGroup.waiting for every pool
         self.agents = agents
         # frozen policies (a multi-agent env): id -> FrozenPolicy, built in init
         self.frozen = {pid: FrozenPolicy(spec, cfg, weights)
@@ -131,8 +132,8 @@ class RolloutWorker(AgentLanes):
                 continue
             k, group_idx = parse_ready(code)
             group = self.groups[group_idx]
-            if k in group.waiting:
-                group.waiting.discard(k)
+            if group.waiting >> k & 1:
+                group.waiting &= ~(1 << k)
                 if not group.waiting:  # every trained policy's actions are written
                     self._step_group(group, group_idx)
         for pool, incarnation in zip(self.pools, incarnations):
@@ -177,6 +178,7 @@ class RolloutWorker(AgentLanes):
             pool.slot_owner_np[s.slot_idx] = SlotState.handing(self.worker_serial)
             pool.full_slot_queue.put(s.slot_idx)
             s.slot_idx = None
+        group.has_slots = False
         self._claim_slots()
 
     def _step_envs(self, group: EnvGroup, actions: list, obs_out: dict, rewards_out: np.ndarray,
@@ -347,6 +349,7 @@ class RolloutWorker(AgentLanes):
                 for name, a in pool.observed.items():
                     a[slot, 0] = s.last_obs[name]
                 s.slot_idx = slot
+            group.has_slots = all(s.slot_idx is not None for s in group.slots)
             if group.has_slots:
                 group.t = 0
                 self._request(group_idx)
@@ -354,9 +357,10 @@ class RolloutWorker(AgentLanes):
     def _request(self, group_idx: int) -> None:
         """Ask every trained policy for the actions of the group's row t."""
         group = self.groups[group_idx]
-        group.waiting = set(range(len(self.pools)))
-        for pool in self.pools:
-            self._request_from(pool, group_idx)
+        group.waiting = self.all_pools
+        for pool, s in zip(self.pools, group.slots):
+            pool.request_queue.put(PolicyRequest(self.worker_idx, group_idx, s.slot_idx, group.t,
+                                                 self.incarnation, pool.policy_incarnation))
 
     def _request_from(self, pool: SlotPool, group_idx: int) -> None:
         group = self.groups[group_idx]
@@ -369,7 +373,7 @@ class RolloutWorker(AgentLanes):
         waiting for this pool asks again."""
         pool.policy_incarnation = policy_incarnation
         for group_idx, group in enumerate(self.groups):
-            if group.has_slots and pool.k in group.waiting:
+            if group.has_slots and group.waiting >> pool.k & 1:
                 self._request_from(pool, group_idx)
 
     def _check_stuck(self) -> None:
