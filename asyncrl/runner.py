@@ -144,9 +144,7 @@ class PolicyPart:
         self.k, self.policy_id, self.spec = k, trained.policy_id, trained.spec
         self.cfg = trained.cfg.replace(seed=(seed + 100_003 * k) % 2 ** 31)
         self.optimizer_path = trained.optimizer_path
-        spec = buffer_spec(trained.spec.env, trained.model.dist, trained.model.state_size)
-        check_shm_space(TrajectoryBuffers.nbytes(self.cfg, spec))
-        self.buffers = TrajectoryBuffers(self.cfg, spec)
+        self.buffers = TrajectoryBuffers(self.cfg, self.slot_spec(trained))
         self.weights = SharedWeights(trained.model)
         self.optimizer_state = SharedOptimizerState(trained.model)
         self.hparams = SharedHyperParams(self.cfg)
@@ -156,6 +154,10 @@ class PolicyPart:
         self.learner_name = f"learner-{self.policy_id}" if several else "learner"
         self.policy_prefix = f"policy-{self.policy_id}-" if several else "policy-"
         self.version = self.trained_env_steps = None  # set by run()
+
+    @staticmethod
+    def slot_spec(trained: TrainedPolicy) -> dict:
+        return buffer_spec(trained.spec.env, trained.model.dist, trained.model.state_size)
 
     def pool(self) -> tuple:
         """What a rollout worker needs of this policy: (config, env spec, buffers, queues)."""
@@ -212,6 +214,8 @@ class Runner:
         self.env_factory, self.device, self.agents = env_factory, device, agents
         self.logger = logger
         self.scratch_dir = os.path.dirname(trained[0].optimizer_path)
+        check_shm_space(sum(TrajectoryBuffers.nbytes(t.cfg, PolicyPart.slot_spec(t))
+                            for t in trained))  # every pool together, before any is made
         self.ctl = SharedControl(len(trained))
         self.queues = Queues(self.cfg, [t.cfg for t in trained])
         self.parts = [PolicyPart(k, t, self.cfg.seed, self.ctl, self.queues.policy[k], len(trained) > 1)

@@ -2,7 +2,7 @@
 
     python benchmarks/multiagent.py [--steps 2000000] [--bot_steps 200000] [--bot_seeds 4] [--rounds 8]
                                     [--round_steps 50000] [--seconds 60] [--team_steps 1000000]
-                                    [--tasks spread,bot,selfplay,teams]
+                                    [--tasks spread,bot,selfplay,best,teams]
 
 - ``simple_spread``: MPE2's simple_spread_v3 (3 agents, 25 steps, discrete actions), every agent
   playing one shared policy (``APPO(make_simple_spread)``, nothing else set), for ``--steps`` agent
@@ -14,6 +14,10 @@
   consistent assignment (paper first; then rock after rock, scissors after scissors, paper after
   paper); other assignments are local optima (+3). The bot runs in the rollout workers.
   ``--bot_seeds`` runs (seeds 0, 1, ...).
+- ``best``: repeated rock-paper-scissors against a rule-based bot that draws rock 50%, paper
+  30%, scissors 20% whatever it sees: the best response is paper every round (+1.5 an episode
+  in expectation); ``--bot_steps / 2`` steps, ``--bot_seeds`` seeds; the greedy return and the
+  greedy move at each of the 4 observations. Written to ``multiagent_best_response.*``.
 - ``self-play``: tic-tac-toe (a ParallelEnv with action masks; tests/ma_envs.py), the hero
   against a pool of 4 of its past snapshots (``SelfPlay``), a snapshot taken after each round of
   ``--round_steps``; after each round, 200 games (sampled moves, seats alternating) against a
@@ -151,6 +155,30 @@ def teams(steps: int) -> list:
     return runs + tag(steps // 2)
 
 
+BIAS = (0.5, 0.3, 0.2)  # the biased bot's rock, paper, scissors
+
+
+def biased_bot(obs):
+    """Rock 50%, paper 30%, scissors 20%, whatever it sees: the best response is paper every
+    round (+0.3 a round in expectation, +1.5 an episode of 5)."""
+    return int(np.random.choice(3, p=BIAS))
+
+
+def best_response(steps: int, seeds: int) -> list:
+    """RPS against the biased bot: the greedy return and how often the greedy move is paper."""
+    runs = []
+    for seed in range(seeds):
+        run = learn(make_rps, steps, "RPS against a biased bot", seed=seed,
+                    policies={"hero": None, "bot": biased_bot},
+                    policy_mapping=lambda agent: "hero" if agent == "player_0" else "bot")
+        run.update(seed=seed, expected_best=5 * (BIAS[0] - BIAS[2]), random=0.0,
+                   reference=f"best response +{5 * (BIAS[0] - BIAS[2]):.1f}, seed {seed}")
+        print(f"  seed {seed}: greedy move paper in {run['paper_share']:.0%} of the 4 "
+              "observations", flush=True)
+        runs.append(run)
+    return runs
+
+
 def counter_bot(obs):
     """Rock first, then the move that beats the hero's previous one (the bot's observation: the
     hero's last move as a one-hot, zeros before the first)."""
@@ -254,9 +282,16 @@ def learn(make, steps: int, label: str, **kwargs) -> dict:
         record(model)
         seconds = time.perf_counter() - t0
         final, final_std = model.evaluate(100, seed=10_000)
+        # RPS: the greedy move at each observation (nothing seen yet, or the bot's last move)
+        greedy = ([int(model.predict(o, deterministic=True)[0])
+                   for o in [np.zeros(3, np.float32), *np.eye(3, dtype=np.float32)]]
+                  if make is make_rps else [])
     print(f"{label}: {steps:,} agent steps in {seconds:.0f} s ({steps / seconds:,.0f}/s); greedy "
           f"return {final:.2f} +- {final_std:.2f}", flush=True)
-    return dict(task=label, curve=curve, seconds=seconds, final=final, final_std=final_std)
+    out = dict(task=label, curve=curve, seconds=seconds, final=final, final_std=final_std)
+    if greedy:
+        out.update(greedy_moves=greedy, paper_share=greedy.count(1) / len(greedy))
+    return out
 
 
 def throughput(seconds: float) -> dict:
@@ -286,13 +321,20 @@ def main():
     ap.add_argument("--round_steps", type=int, default=50_000)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--team_steps", type=int, default=1_000_000)
-    ap.add_argument("--tasks", default="spread,bot,selfplay,teams",
-                    help="which of spread (with the throughput), bot, selfplay, teams to run")
+    ap.add_argument("--tasks", default="spread,bot,selfplay,best,teams",
+                    help="which of spread (with the throughput), bot, selfplay, best, teams to run")
     args = ap.parse_args()
     tasks = args.tasks.split(",")
     os.makedirs(RESULTS, exist_ok=True)
     if {"spread", "bot", "selfplay"} & set(tasks):
         main_runs(args, tasks)
+    if "best" in tasks:
+        runs = best_response(args.bot_steps // 2, args.bot_seeds)
+        out = os.path.join(RESULTS, "multiagent_best_response")
+        write_runs(out, {"bias": BIAS}, runs, ["task", "seed"], ["agent_steps", "seconds", "ep_rew_mean"])
+        plot_curves(runs, "task", lambda task: task, lambda r: (f"C{r['seed']}", r["reference"]),
+                    "agent steps", "training return", "asyncrl, a trained policy against a rule-based one",
+                    out + ".png")
     if "teams" in tasks:
         runs = teams(args.team_steps)
         out = os.path.join(RESULTS, "multiagent_teams")
