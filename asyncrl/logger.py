@@ -217,9 +217,11 @@ class TrainLogger:
         for pid in self.other_episodes:
             if f"rollout/{pid}/ep_rew_mean" in scalars:
                 line += f" | {pid} ep_rew_mean {scalars[f'rollout/{pid}/ep_rew_mean']:.1f}"
-        if "train/policy_lag_mean" in scalars:
-            line += (f" | lag mean {scalars['train/policy_lag_mean']:.1f} "
-                     f"max {scalars.get('train/policy_lag_max', 0):.0f}")
+        for prefix in ["", *(p for p in self.learner_prefix.values() if p)]:  # trained policies
+            if f"train/{prefix}policy_lag_mean" in scalars:
+                line += (f" | {prefix.rstrip('/') + ' ' if prefix else ''}lag mean "
+                         f"{scalars[f'train/{prefix}policy_lag_mean']:.1f} "
+                         f"max {scalars.get(f'train/{prefix}policy_lag_max', 0):.0f}")
         stages = " | ".join(f"{c}: {summarize(s)}" for c, s in sorted(self.recent_timings().items()))
         return line + ("\n          " + stages if stages and self.verbose >= 1 else "")
 
