@@ -492,13 +492,22 @@ class APPO:
 
     def _file_params(self, blob: dict, pid: Optional[str]) -> dict:
         """A save() file's trained policies as parameters: all those this model trains too (or,
-        for ``pid``, that one's entry, else the file's first policy)."""
+        for ``pid``, that one's entry). A file of one trained policy gives it to any id (or,
+        whole, to this model's first); a file of several must hold the ids asked for."""
         entries = blob.get("trained") or {None: blob}  # files of one trained policy: top level
+        only = next(iter(entries.values())) if len(entries) == 1 else None
         if pid is not None:
-            chosen = {pid: entries.get(pid, next(iter(entries.values())))}
+            if pid not in entries and only is None:
+                raise KeyError(f"the file holds the trained policies {list(entries)}, not {pid!r}: "
+                               "give {id: path} for one of them")
+            chosen = {pid: entries.get(pid, only)}
         else:
             chosen = {k: e for k, e in entries.items() if k in self.trainees}
-            chosen = chosen or {self.policy_id: next(iter(entries.values()))}
+            if not chosen:
+                if only is None:
+                    raise KeyError(f"the file holds the trained policies {list(entries)}, none of "
+                                   f"this model's {list(self.trainees)}")
+                chosen = {self.policy_id: only}
         out = {}
         for k, e in chosen.items():
             out[k], out[k + OPTIMIZER_SUFFIX] = e["state_dict"], e.get("optimizer")

@@ -143,6 +143,7 @@ class Learner:
         # Beside other trained policies, one that reached its target goes on training until the
         # pause (all have reached theirs): its agents keep playing, its slots must keep flowing.
         self.train_past_target = ctl is not None and ctl.num_policies > 1
+        self.trained_seen: list = []  # every learner's trained-env-steps counter, last seen
         self.timer = StageTimer()
         self.pending: List[int] = []  # full slots accepted, not yet trained on
         self.reclaim_seen = -1        # the first step audits the slots (a replaced learner's)
@@ -314,9 +315,14 @@ class Learner:
         self.reclaim_seen = request
 
     def _check_stuck(self) -> None:
+        if self.train_past_target:  # beside other learners: their slowness holds ours back
+            trained = self.ctl.column(Ctl.TRAINED_ENV_STEPS)
+            if trained != self.trained_seen:
+                self.trained_seen, self.last_progress = trained, time.perf_counter()
+                return
         waited = time.perf_counter() - self.last_progress
         if not self.serial and waited > self.cfg.worker_timeout:
-            raise TimeoutError(f"learner waited {waited:.0f} s for full trajectory slots "
+            raise TimeoutError(f"{self.name} waited {waited:.0f} s for full trajectory slots "
                                f"(has {len(self.pending)} of {self.cfg.slots_per_batch}); "
                                "the rollout or policy workers are not producing")
 

@@ -380,7 +380,7 @@ class RolloutWorker(AgentLanes):
         trained = self.ctl.column(Ctl.TRAINED_ENV_STEPS)
         # A slow learner (a busy CPU) is not a stuck one, nor one that reached its target while
         # the main process is busy (a long callback) before pausing everyone.
-        if trained != self.trained_seen or any(self.ctl.column(Ctl.LEARNER_DONE)):
+        if trained != self.trained_seen or all(self.ctl.column(Ctl.LEARNER_DONE)):
             self.trained_seen, self.last_progress = trained, time.perf_counter()
             return
         waited = time.perf_counter() - self.last_progress

@@ -153,6 +153,8 @@ class PolicyPart:
         # process names: those of a single-policy graph, or with the policy id
         self.learner_name = f"learner-{self.policy_id}" if several else "learner"
         self.policy_prefix = f"policy-{self.policy_id}-" if several else "policy-"
+        self.process_names = {self.learner_name, *(f"{self.policy_prefix}{p}"
+                                                   for p in range(self.cfg.num_policy_workers))}
         self.version = self.trained_env_steps = None  # set by run()
 
     @staticmethod
@@ -476,11 +478,11 @@ class Runner:
         if dead.name.startswith("rollout-"):
             what = self._retire_rollout_worker(int(dead.name.rpartition("-")[2]))
         elif dead.name.startswith("policy-"):
-            part = next(part for part in self.parts if dead.name.startswith(part.policy_prefix))
+            part = next(part for part in self.parts if dead.name in part.process_names)
             part.buffers.policy_incarnation[int(dead.name.rpartition("-")[2])] += 1
             what = "its unanswered requests are sent again"
         else:
-            part = next(part for part in self.parts if dead.name == part.learner_name)
+            part = next(part for part in self.parts if dead.name in part.process_names)
             what = (f"it goes on from the weights of version {part.weights.version} and Adam's "
                     "state after that update")
         self.procs[idx] = self._spawn(dead.name)

@@ -72,20 +72,25 @@ def own_settings(pid: str, overrides: dict, policy: Any, policy_kwargs: Optional
 def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict, run_cfg: Config,
                   lanes: int, policy: Any, policy_kwargs: Optional[dict],
                   defaults: Callable[[dict, bool], dict]) -> Trainee:
-    """A trained policy beside others: its config from the run's keywords, its own values
-    and its lanes (``defaults(kwargs, continuous)``: the run's ``with_defaults``), checked."""
+    """A trained policy beside others: its config from the run's keywords, the defaults its
+    own action space implies (a continuous policy beside a discrete one: CONTINUOUS_DEFAULTS),
+    its own values and its lanes (``defaults(kwargs, continuous)``: the run's
+    ``with_defaults``), the run's GRAPH_FIELDS kept; checked. Hyper-parameters its action
+    space implies (and the user did not set for the run) become its own."""
     policy, policy_kwargs, own = own_settings(pid, overrides, policy, policy_kwargs)
-    schedules = {k: v for k, v in own.items() if k in MUTABLE_HPARAMS and callable(v)}
-    values = {k: (v(1.0) if k in schedules else v) for k, v in own.items()}
+    values = {k: (v(1.0) if k in MUTABLE_HPARAMS and callable(v) else v) for k, v in own.items()}
     continuous = not make_distribution(env_spec.action_space).discrete
+    graph = {f: getattr(run_cfg, f) for f in GRAPH_FIELDS}
     try:
-        cfg = Config.from_kwargs(defaults({**run_kwargs, **values, "lanes_per_env": lanes,
-                                           "seed": run_cfg.seed}, continuous))
+        cfg = Config.from_kwargs(defaults({**run_kwargs, **values, "lanes_per_env": lanes, **graph},
+                                          continuous))
     except ConfigError as e:
         raise ConfigError(f"policies[{pid!r}]: {e}") from e
     fields = {k: v for k, v in cfg.__dict__.items() if run_cfg.__dict__[k] != v}
     spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
     own_hparams = {k: v for k, v in own.items() if k in MUTABLE_HPARAMS}
+    own_hparams.update({k: fields[k] for k in MUTABLE_HPARAMS
+                        if k in fields and k not in own and k not in run_kwargs})
     return Trainee(pid, spec, build_checked(spec, cfg), fields, own_hparams)
 
 

@@ -196,6 +196,51 @@ def cues():
     return Cues()
 
 
+class Mixed(ParallelEnv):
+    """Agent "disc" answers a cue among 2 (Discrete(2)); agent "cont" steers a Box(1) action
+    towards a target it sees (reward -|a - target|). 4 steps an episode."""
+
+    metadata = {"name": "mixed"}
+    possible_agents = ["disc", "cont"]
+
+    def __init__(self):
+        self.agents = []
+        self.rng = np.random.default_rng()
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(-1.0, 1.0, (2,) if agent == "disc" else (1,), np.float32)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2) if agent == "disc" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def _observe(self):
+        self.cue, self.target = int(self.rng.integers(2)), float(self.rng.uniform(-1, 1))
+        return {"disc": np.eye(2, dtype=np.float32)[self.cue],
+                "cont": np.array([self.target], np.float32)}
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        assert actions["disc"] in (0, 1) and np.shape(actions["cont"]) == (1,)
+        rewards = {"disc": float(actions["disc"] == self.cue),
+                   "cont": -abs(float(np.clip(actions["cont"][0], -1, 1)) - self.target)}
+        self.t += 1
+        done = self.t >= 4
+        obs = self._observe()
+        if done:
+            self.agents = []
+        return (obs, rewards, {a: False for a in rewards}, {a: done for a in rewards},
+                {a: {} for a in rewards})
+
+
+def mixed():
+    return Mixed()
+
+
 class TicTacToe(ParallelEnv):
     """Tic-tac-toe as a ParallelEnv: both players act every step, only the mover's action
     counts. Observation: {"observation": the board from the player's side (own marks 1,

@@ -466,3 +466,31 @@ def test_trained_policies_with_different_lanes_get_their_own_batch_and_reload(tm
         loaded.train(600)
     finally:
         loaded.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_continuous_policy_beside_a_discrete_one_gets_its_own_defaults_not_its_own_rollout(tmp_path):
+    """The continuous policy's implied defaults (CONTINUOUS_DEFAULTS) apply to it, except the
+    fields the rollout workers share (rollout): one slot length for both pools."""
+    from asyncrl.config import CONTINUOUS_DEFAULTS
+    kw = dict(policies={"disc": None, "cont": None}, policy_mapping=lambda agent: agent)
+    with APPO(ma_envs.mixed, serial_mode=True, num_workers=1, num_envs_per_worker=2, seed=0,
+              verbose=0, **kw) as model:
+        disc, cont = (t.config(model.config) for t in model.trainees.values())
+        assert disc.rollout == cont.rollout == model.config.rollout
+        assert cont.num_epochs == CONTINUOUS_DEFAULTS["num_epochs"] and cont.normalize_obs
+        assert not disc.normalize_obs
+        assert model.trainees["cont"].own["ent_coef"] == 0.0  # implied for it, kept at run time
+        model.train(600)
+        assert model.logger.last_train_by["cont/"]["entropy_loss"] == model.logger.last_train_by[
+            "cont/"]["entropy_loss"]  # trained (a number, not NaN)
+        model.save(tmp_path / "mixed.pt")
+    loaded = APPO.load(tmp_path / "mixed.pt", serial_mode=True)
+    try:
+        assert loaded.trainees["cont"].config(loaded.config) == cont.replace(serial_mode=True,
+                                                                              device=cont.device)
+        loaded.train(300)
+        with pytest.raises(KeyError, match="not 'ghost'"):
+            loaded._params_from(str(tmp_path / "mixed.pt"), "ghost")
+    finally:
+        loaded.close()
