@@ -151,7 +151,22 @@ def two_shapes():
     return TwoShapes()
 
 
-class Cues(ParallelEnv):
+class Seeded(ParallelEnv):
+    """Every possible agent from the start, an rng the reset's seed sets, ``_observe()`` for
+    the observations; subclasses count steps in ``t``."""
+
+    def __init__(self):
+        self.agents = []
+        self.rng = np.random.default_rng()
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+        return self._observe(), {a: {} for a in self.agents}
+
+
+class Cues(Seeded):
     """Agent "small" sees a one-hot cue among 2 (Box(2)) and picks Discrete(2); "big" a cue among
     4 (Box(4)), Discrete(4). Reward 1 for the cued action; 4 steps an episode. Random play:
     returns 2 and 1; perfect play: 4 each (two policies, different spaces, both must learn)."""
@@ -159,10 +174,6 @@ class Cues(ParallelEnv):
     metadata = {"name": "cues"}
     possible_agents = ["small", "big"]
     SIZES = {"small": 2, "big": 4}
-
-    def __init__(self):
-        self.agents = []
-        self.rng = np.random.default_rng()
 
     def observation_space(self, agent):
         return gym.spaces.Box(0.0, 1.0, (self.SIZES[agent],), np.float32)
@@ -173,12 +184,6 @@ class Cues(ParallelEnv):
     def _observe(self):
         self.cues = {a: int(self.rng.integers(self.SIZES[a])) for a in self.agents}
         return {a: np.eye(self.SIZES[a], dtype=np.float32)[c] for a, c in self.cues.items()}
-
-    def reset(self, seed=None, options=None):
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        self.agents, self.t = list(self.possible_agents), 0
-        return self._observe(), {a: {} for a in self.agents}
 
     def step(self, actions):
         rewards = {a: float(actions[a] == self.cues[a]) for a in self.agents}
@@ -196,16 +201,12 @@ def cues():
     return Cues()
 
 
-class Mixed(ParallelEnv):
+class Mixed(Seeded):
     """Agent "disc" answers a cue among 2 (Discrete(2)); agent "cont" steers a Box(1) action
     towards a target it sees (reward -|a - target|). 4 steps an episode."""
 
     metadata = {"name": "mixed"}
     possible_agents = ["disc", "cont"]
-
-    def __init__(self):
-        self.agents = []
-        self.rng = np.random.default_rng()
 
     def observation_space(self, agent):
         return gym.spaces.Box(-1.0, 1.0, (2,) if agent == "disc" else (1,), np.float32)
@@ -217,12 +218,6 @@ class Mixed(ParallelEnv):
         self.cue, self.target = int(self.rng.integers(2)), float(self.rng.uniform(-1, 1))
         return {"disc": np.eye(2, dtype=np.float32)[self.cue],
                 "cont": np.array([self.target], np.float32)}
-
-    def reset(self, seed=None, options=None):
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        self.agents, self.t = list(self.possible_agents), 0
-        return self._observe(), {a: {} for a in self.agents}
 
     def step(self, actions):
         assert actions["disc"] in (0, 1) and np.shape(actions["cont"]) == (1,)
