@@ -92,11 +92,11 @@ class AgentLanes:
         return out
 
     def _step_agents(self, group, i: int, env, actions: list, others: dict, rows: list,
-                     t: int) -> None:
+                     views: list, t: int) -> None:
         """Step one ParallelEnv: its trained agents act from their lanes' actions (``actions``:
         per pool), the others as ``others`` says; row t of its lanes in every pool is written
         (idle lanes: masked, done; ``rows``: per pool, see SlotPool.row), and the observations
-        of t + 1."""
+        of t + 1 (``views``: each row's observations)."""
         acting = {}
         for a in env.agents:
             k = self.agents.trained_index.get(group.policy_of[i][a])
@@ -108,7 +108,7 @@ class AgentLanes:
         except Exception:
             if self.cfg.on_env_error == "abort":
                 raise
-            self._started([obs for obs, *_ in rows], group, i, *self._restart_env(group, i, t)[:2])
+            self._started(views, group, i, *self._restart_env(group, i, t)[:2])
             for pool, (_, rewards_out, dones_out, truncated_out) in zip(self.pools, rows):
                 cols = slice(i * pool.lanes, (i + 1) * pool.lanes)
                 rewards_out[cols], dones_out[cols], truncated_out[cols] = 0.0, True, False
@@ -126,7 +126,6 @@ class AgentLanes:
                     rewards_out[col], dones_out[col], truncated_out[col] = 0.0, True, False
                     versions_out[col] = -1
         self._count_agent_episodes(group, i, env, acting, rewards, terms, truncs)
-        views = [obs for obs, *_ in rows]
         if not env.agents:
             try:
                 observations, infos = env.reset()

@@ -24,7 +24,7 @@ from .models import PolicySpec, build_checked
 from .multiagent import AgentView, play_parallel_episode
 from .parameters import Parameters
 from .runner import Runner
-from .trainee import Trainee, build_trainee, hparams_of, run_defaults
+from .trainee import Trainee, build_trainee, run_defaults
 from .spaces import MASK_KEY
 
 def resolve_device(device: str) -> str:
@@ -41,6 +41,16 @@ def resolve_device(device: str) -> str:
             raise ConfigError(f"device={device!r} but only {torch.cuda.device_count()} CUDA "
                               "device(s) are visible")
     return device
+
+
+def _first_trainees(attr: str, settable: bool = True, doc: str = "") -> property:
+    """An attribute of the model's first trained policy (``Trainee``), as one of the model's."""
+    def get(self):
+        return getattr(self.trainees[self.policy_id], attr)
+
+    def set(self, value):
+        setattr(self.trainees[self.policy_id], attr, value)
+    return property(get, set if settable else None, doc=doc)
 
 
 class APPO(Parameters):
@@ -147,26 +157,10 @@ class APPO(Parameters):
         self.logger = TrainLogger(cfg.verbose, cfg.log_interval, cfg.stats_window, cfg.tensorboard_log)
 
     # The first trained policy's model, spec and counters (the only one of most models)
-    policy = property(lambda self: self.trainees[self.policy_id].model)
-    policy_spec = property(lambda self: self.trainees[self.policy_id].spec)
-
-    @property
-    def num_timesteps(self) -> int:
-        """Env (agent) steps the first trained policy has trained on, over all train() calls."""
-        return self.trainees[self.policy_id].num_timesteps
-
-    @num_timesteps.setter
-    def num_timesteps(self, value: int) -> None:
-        self.trainees[self.policy_id].num_timesteps = value
-
-    @property
-    def policy_version(self) -> int:
-        """Weight updates the first trained policy's learner has published."""
-        return self.trainees[self.policy_id].version
-
-    @policy_version.setter
-    def policy_version(self, value: int) -> None:
-        self.trainees[self.policy_id].version = value
+    policy = _first_trainees("model", settable=False)
+    policy_spec = _first_trainees("spec", settable=False)
+    num_timesteps = _first_trainees("num_timesteps", doc="env (agent) steps trained on, all calls")
+    policy_version = _first_trainees("version", doc="weight updates its learner has published")
 
     def models(self) -> Dict[str, torch.nn.Module]:
         """{trained policy id: its model (CPU, the latest weights between train() calls)}."""
@@ -190,8 +184,8 @@ class APPO(Parameters):
         def values(progress_remaining: float) -> dict:
             if not trainee.own:
                 return self._hparams(progress_remaining)
-            now = {n: _schedule_value(n, v, progress_remaining)
-                   for n, v in hparams_of(trainee, vars(self)).items()}
+            now = {n: _schedule_value(n, trainee.own.get(n, getattr(self, n)), progress_remaining)
+                   for n in MUTABLE_HPARAMS}
             trainee.config(self.config, now)  # raises ConfigError naming the field
             return now
         return values

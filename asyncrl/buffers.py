@@ -158,7 +158,7 @@ class SharedControl:
     ``RUN_STATE`` belong to the whole graph and live in row 0. ``row(k)`` is the view a
     component of trained policy ``k`` is given; indexing reads that row."""
 
-    GRAPH_FIELDS = (int(Ctl.STOP), int(Ctl.RUN_STATE))
+    WHOLE_GRAPH = (int(Ctl.STOP), int(Ctl.RUN_STATE))
 
     def __init__(self, num_policies: int = 1):
         self.values = torch.zeros((num_policies, len(Ctl)), dtype=torch.int64).share_memory_()
@@ -194,10 +194,10 @@ class SharedControl:
         return self._np[:, key].tolist()
 
     def __getitem__(self, key: Ctl) -> int:
-        return int(self._np[0 if key in self.GRAPH_FIELDS else self.policy_idx, key])
+        return int(self._np[0 if key in self.WHOLE_GRAPH else self.policy_idx, key])
 
     def __setitem__(self, key: Ctl, value: int) -> None:
-        self._np[0 if key in self.GRAPH_FIELDS else self.policy_idx, key] = value
+        self._np[0 if key in self.WHOLE_GRAPH else self.policy_idx, key] = value
 
     @property
     def stopping(self) -> bool:

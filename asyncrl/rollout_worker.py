@@ -157,7 +157,7 @@ class RolloutWorker(AgentLanes):
             if self.agents is not None:
                 others = self._other_actions(group)
                 for i, env in enumerate(group.envs):
-                    self._step_agents(group, i, env, actions, others[i], rows, t)
+                    self._step_agents(group, i, env, actions, others[i], rows, views, t)
             else:
                 self._step_envs(group, actions[0], *rows[0], t)
         for pool, s, (obs_out, rewards_out, dones_out, _) in zip(self.pools, group.slots, rows):
@@ -354,18 +354,15 @@ class RolloutWorker(AgentLanes):
                 group.t = 0
                 self._request(group_idx)
 
-    def _request(self, group_idx: int) -> None:
-        """Ask every trained policy for the actions of the group's row t."""
+    def _request(self, group_idx: int, pools: Optional[List[SlotPool]] = None) -> None:
+        """Ask every trained policy (or those of ``pools`` again) for the actions of the
+        group's row t."""
         group = self.groups[group_idx]
-        group.waiting = self.all_pools
-        for pool, s in zip(self.pools, group.slots):
-            pool.request_queue.put(PolicyRequest(self.worker_idx, group_idx, s.slot_idx, group.t,
-                                                 self.incarnation, pool.policy_incarnation))
-
-    def _request_from(self, pool: SlotPool, group_idx: int) -> None:
-        group = self.groups[group_idx]
-        pool.request_queue.put(PolicyRequest(self.worker_idx, group_idx, group.slots[pool.k].slot_idx,
-                                             group.t, self.incarnation, pool.policy_incarnation))
+        if pools is None:
+            group.waiting, pools = self.all_pools, self.pools
+        for pool in pools:
+            pool.request_queue.put(PolicyRequest(self.worker_idx, group_idx, group.slots[pool.k].slot_idx,
+                                                 group.t, self.incarnation, pool.policy_incarnation))
 
     def _ask_again(self, pool: SlotPool, policy_incarnation: int) -> None:
         """A policy worker of this pool was replaced: the new one drops requests sent to its
@@ -374,7 +371,7 @@ class RolloutWorker(AgentLanes):
         pool.policy_incarnation = policy_incarnation
         for group_idx, group in enumerate(self.groups):
             if group.has_slots and group.waiting >> pool.k & 1:
-                self._request_from(pool, group_idx)
+                self._request(group_idx, [pool])
 
     def _check_stuck(self) -> None:
         trained = self.ctl.column(Ctl.TRAINED_ENV_STEPS)

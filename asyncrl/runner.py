@@ -194,11 +194,10 @@ class PolicyPart:
         total = max(1, job.target_env_steps - job.start_env_steps)
         self.hparams.write(job.hparams(1.0 - min(1.0, (trained - job.start_env_steps) / total)))
 
-    def fetch(self, model: torch.nn.Module, lock_timeout: Optional[float] = None) -> None:
+    def fetch(self, model: torch.nn.Module) -> None:
         """The last published weights into ``model``, with their counters, when they moved."""
-        if self.weights.version != self.version or lock_timeout is not None:
-            kwargs = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
-            self.version, self.trained_env_steps = self.weights.load(model, **kwargs)
+        if self.weights.version != self.version:
+            self.version, self.trained_env_steps = self.weights.load(model)
 
 
 class Runner:
@@ -311,7 +310,8 @@ class Runner:
             # the counters that match it.
             for part in self.parts:
                 try:
-                    part.fetch(part.job.model, lock_timeout=5.0)
+                    part.version, part.trained_env_steps = part.weights.load(part.job.model,
+                                                                             lock_timeout=5.0)
                 except TimeoutError as e:  # never mask the error that ended the run
                     warnings.warn(f"could not read the last published weights: {e}")
                 part.job = None

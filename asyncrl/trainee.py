@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -100,7 +100,3 @@ def run_defaults(family: Optional[str], cpu_only: bool,
     return lambda kwargs, continuous: with_defaults(kwargs, family=family, cpu_only=cpu_only,
                                                     continuous=continuous, multi_agent=multi_agent)
 
-
-def hparams_of(trainee: Trainee, shared: Dict[str, Any]) -> Dict[str, Any]:
-    """Its MUTABLE_HPARAMS as numbers or schedules: its own, else the model's attributes."""
-    return {n: trainee.own.get(n, shared[n]) for n in MUTABLE_HPARAMS}
