@@ -57,8 +57,7 @@ class TrainLogger:
         self.timings_logged = {}   # component -> snapshot at the previous log line
         self.last_seen = {}        # component -> time of its latest report
         self.train_sums, self.num_updates = defaultdict(float), defaultdict(int)
-        self.last_train = {}  # the first trained policy's last update's stats
-        self.last_train_by: Dict[str, dict] = {}  # every trained policy's, by prefix
+        self.last_train_by: Dict[str, dict] = {}  # each trained policy's last update's stats
         self.fps_samples = deque()  # (time, trained env steps)
         self.other_fps_samples: Dict[str, deque] = defaultdict(deque)  # other trained policies'
         self.collected_env_steps = 0
@@ -82,8 +81,6 @@ class TrainLogger:
                 self.train_sums[prefix + k] += v
             self.num_updates[prefix] += 1
             self.last_train_by[prefix] = report.payload
-            if not prefix:
-                self.last_train = report.payload
         elif report.kind is ReportKind.TIMING:
             self.timings[report.component] = report.payload
 
@@ -129,6 +126,11 @@ class TrainLogger:
             if t_end - t <= window:
                 return (s_end - s) / max(t_end - t, 1e-9)
         return 0.0
+
+    @property
+    def last_train(self) -> dict:
+        """The first trained policy's last update's stats."""
+        return self.last_train_by.get("", {})
 
     @property
     def ep_rew_mean(self) -> float:
