@@ -24,7 +24,9 @@ def play_episode(model, env, deterministic: bool = True, seed: Optional[int] = N
         masks = read_mask(env, source, obs, info) if source in ("method", "info") else None
         action, state = model.predict(obs, state=state, episode_start=np.array([start]),
                                       deterministic=deterministic, action_masks=masks)
-        obs, reward, terminated, truncated, info = env.step(action)
+        # a Discrete action as the workers step it (a Python int: NASim refuses a 0-d array)
+        obs, reward, terminated, truncated, info = env.step(
+            action.item() if isinstance(action, np.ndarray) and action.ndim == 0 else action)
         total, length, start = total + float(reward), length + 1, False
         if on_step is not None:
             on_step(env)

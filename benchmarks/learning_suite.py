@@ -1,0 +1,317 @@
+"""The learning suite: asyncrl's defaults against Stable-Baselines3's PPO, judged by wall time to
+a score.
+
+    python benchmarks/learning_suite.py --quick                 # a few envs, minutes each
+    python benchmarks/learning_suite.py --envs cartpole,taxi --seeds 0,1,2
+    python benchmarks/learning_suite.py --report                # table + PNG from stored runs
+    asyncrl benchmark learning_suite ...                        # the same
+
+Per env of ``CASES`` and seed, ``APPO(env, seed=s, device="cpu")`` with nothing else set (2
+workers x 8 envs, the defaults a user gets) trains for the env's budget; SB3's ``PPO`` with its
+own defaults (``PPO("MlpPolicy" | "MultiInputPolicy", env)``, one env, CPU) trains for the same
+env steps. Both log the training return (mean of the last 100 episodes) against env steps and
+wall time from the constructor's call (start-up included), and end with a greedy evaluation
+(``--eval_episodes``). Runs are stored one file each under ``benchmarks/results/learning_suite/``
+(``<lib>_<env>_<seed>.json``); SB3's are slow on 2 cores and reused unless ``--rerun_sb3``.
+``--report`` writes ``learning_suite.md`` (the README's table: final greedy score, median and
+range over seeds; env steps and wall time to the target, median over the seeds that reached it,
+and how many did) and ``learning_suite.png`` (curves against env steps and wall time).
+
+The target of an env is the score that counts as solved where one is known (Gymnasium's
+``reward_threshold`` or the literature), else stated in ``CASES``; it is judged on the training
+return, as a user watching ``ep_rew_mean`` would.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import suite_envs as se  # noqa: E402
+
+RESULTS = os.path.join(HERE, "results", "learning_suite")
+
+
+@dataclass
+class Case:
+    env: Any                    # an id or a module-level factory of suite_envs
+    steps: int                  # env-step budget (agent steps for multi-agent envs)
+    target: float               # training return that counts as reaching the score
+    family: str
+    quick: int = 0              # its budget in --quick (0: not in the quick subset)
+    sb3: Optional[str] = "PPO"  # "PPO", "RecurrentPPO" (sb3-contrib) or None (SB3 cannot run it)
+    eval_episodes: Optional[int] = None
+    extra: Dict[str, Any] = field(default_factory=dict)  # asyncrl settings the env needs (use_rnn)
+
+
+CASES: Dict[str, Case] = {
+    # classic control (Gymnasium's reward_threshold where it has one)
+    "cartpole": Case("CartPole-v1", 200_000, 475, "classic", quick=100_000),
+    "acrobot": Case("Acrobot-v1", 500_000, -100, "classic", quick=200_000),
+    "mountaincar": Case("MountainCar-v0", 1_000_000, -110, "classic"),
+    "pendulum": Case("Pendulum-v1", 500_000, -200, "classic", quick=200_000),
+    # MuJoCo
+    "halfcheetah": Case("HalfCheetah-v5", 1_000_000, 1500, "mujoco"),
+    "walker2d": Case("Walker2d-v5", 1_000_000, 1000, "mujoco"),
+    # MiniGrid: Dict(image 7x7x3 ids, direction); return 1 - 0.9 steps / max steps on success
+    "minigrid-empty8": Case(se.minigrid_empty8, 300_000, 0.9, "minigrid", quick=150_000),
+    "minigrid-unlock": Case(se.minigrid_unlock, 1_000_000, 0.8, "minigrid"),
+    "minigrid-keycorridor": Case(se.minigrid_keycorridor, 1_000_000, 0.8, "minigrid"),
+    # NASim (network penetration testing): 2 sensitive hosts x 100 minus action costs
+    "nasim-tiny-hard": Case(se.nasim_tiny_hard, 300_000, 180, "nasim", quick=200_000),
+    "nasim-small": Case(se.nasim_small, 1_000_000, 180, "nasim"),
+    "nasim-small-md": Case(se.nasim_small_md, 1_000_000, 180, "nasim"),
+    "nasim-medium": Case(se.nasim_medium, 2_000_000, 170, "nasim"),
+    # toy text: Discrete and Tuple observations, Taxi's info["action_mask"]
+    "taxi": Case(se.taxi, 500_000, 7, "toy_text", quick=300_000),
+    "frozenlake": Case(se.frozenlake, 300_000, 0.7, "toy_text", quick=100_000, eval_episodes=100),
+    "blackjack": Case(se.blackjack, 500_000, -0.06, "toy_text", eval_episodes=1000),
+    # popgym memory tasks with a recurrent core
+    "repeat-previous": Case(se.repeat_previous, 1_000_000, 0.9, "memory", sb3="RecurrentPPO",
+                            extra=dict(use_rnn=True)),
+    "pos-cartpole": Case(se.position_only_cartpole, 1_000_000, 0.9, "memory", sb3="RecurrentPPO",
+                         extra=dict(use_rnn=True)),
+    # MPE2, one policy shared by the 3 agents (SB3 takes no PettingZoo env as it comes)
+    "simple-spread": Case(se.simple_spread, 1_000_000, -20, "multiagent", sb3=None),
+}
+
+
+def eval_episodes(case: Case) -> int:
+    return case.eval_episodes or 20
+
+
+# --- one run of each library --------------------------------------------------------------------
+def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
+    from asyncrl import APPO
+    case = CASES[name]
+    curve: List[list] = []
+    t0 = time.perf_counter()
+
+    def record(model):
+        curve.append([int(model.num_timesteps), time.perf_counter() - t0, float(model.logger.ep_rew_mean)])
+
+    model = APPO(case.env, **{"seed": seed, "device": "cpu", "verbose": 0, **case.extra, **overrides})
+    try:
+        model.train(case.steps, callback=record, callback_interval=1.0)
+        record(model)
+        wall = time.perf_counter() - t0
+        mean, std = model.evaluate(eval_episodes(case), seed=10_000)
+        config = {k: v for k, v in vars(model.config).items() if not isinstance(v, (dict, list))}
+    finally:
+        model.close()
+    return dict(lib="asyncrl", env=name, steps=case.steps, seed=seed, overrides=overrides, curve=curve, wall=wall,
+                greedy_mean=mean, greedy_std=std, config=config)
+
+
+def run_sb3(name: str, seed: int) -> dict:
+    import gymnasium as gym
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+    case = CASES[name]
+    torch.set_num_threads(1)
+    curve: List[list] = []
+    t0 = time.perf_counter()
+
+    class Record(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.num_timesteps % 1000 == 0:
+                buf = self.model.ep_info_buffer
+                ret = float(np.mean([e["r"] for e in buf])) if buf else float("nan")
+                curve.append([self.num_timesteps, time.perf_counter() - t0, ret])
+            return True
+
+    def make():
+        env = case.env() if callable(case.env) else gym.make(case.env)
+        return se.sb3_view(env)
+
+    env = make()
+    if case.sb3 == "RecurrentPPO":
+        from sb3_contrib import RecurrentPPO as Algo
+        policy = "MlpLstmPolicy"
+    else:
+        from stable_baselines3 import PPO as Algo
+        policy = "MultiInputPolicy" if isinstance(env.observation_space, gym.spaces.Dict) else "MlpPolicy"
+    model = Algo(policy, env, seed=seed, device="cpu", verbose=0)
+    model.learn(case.steps, callback=Record())
+    wall = time.perf_counter() - t0
+    mean, std = evaluate_policy(model, make(), n_eval_episodes=eval_episodes(case), deterministic=True)
+    return dict(lib="sb3", env=name, steps=case.steps, seed=seed, overrides={}, curve=curve, wall=wall,
+                greedy_mean=float(mean), greedy_std=float(std), config={"algo": case.sb3})
+
+
+# --- storage and the report ---------------------------------------------------------------------
+def run_path(lib: str, name: str, steps: int, seed: int) -> str:
+    return os.path.join(RESULTS, f"{lib}_{name}_{steps}_{seed}.json")
+
+
+def save_run(run: dict) -> None:
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(run_path(run["lib"], run["env"], run["steps"], run["seed"]), "w") as f:
+        json.dump(run, f, default=str)
+
+
+def load_runs(libs: List[str]) -> List[dict]:
+    """Stored runs of ``libs`` (labels: asyncrl, sb3, asyncrl-TAG) at the budgets of CASES."""
+    runs = []
+    for fn in sorted(os.listdir(RESULTS)) if os.path.isdir(RESULTS) else []:
+        lib = fn.split("_", 1)[0]
+        if lib in libs and fn.endswith(".json"):
+            with open(os.path.join(RESULTS, fn)) as f:
+                run = json.load(f)
+            if run["env"] in CASES and run["steps"] == CASES[run["env"]].steps:
+                runs.append(dict(run, label=lib))
+    return runs
+
+
+def time_to_target(run: dict, target: float) -> Optional[tuple]:
+    """(env steps, seconds) where the training return first reached ``target``; None if never."""
+    for steps, secs, ret in run["curve"]:
+        if ret == ret and ret >= target:
+            return steps, secs
+    return None
+
+
+def spread(values: List[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(med)
+    return f"{fmt.format(med)} ({fmt.format(min(values))} to {fmt.format(max(values))})"
+
+
+def summarise(runs: List[dict], libs: List[str]) -> str:
+    """The README's table: per env and library, the greedy score (median, range), env steps and
+    wall time to the target (median over the seeds that reached it, how many did), steady
+    training rate."""
+    rows = ["| env | target | library | seeds | greedy score, median (range) | reached target | "
+            "env steps to target | wall time to target | env steps/s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, case in CASES.items():
+        for lib in libs:
+            mine = [r for r in runs if r["env"] == name and r["label"] == lib]
+            if not mine:
+                continue
+            hits = [h for h in (time_to_target(r, case.target) for r in mine) if h]
+            rate = [r["curve"][-1][0] / r["wall"] for r in mine if r["curve"]]
+            rows.append(
+                f"| {name} | {case.target:g} | {lib} | {len(mine)} | "
+                f"{spread([r['greedy_mean'] for r in mine], '{:.3g}')} | {len(hits)}/{len(mine)} | "
+                f"{spread([h[0] / 1e3 for h in hits], '{:.0f}k')} | "
+                f"{spread([h[1] for h in hits], '{:.0f} s')} | {spread(rate, '{:,.0f}')} |")
+    return "\n".join(rows)
+
+
+def plot(runs: List[dict], path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot (pip install -e '.[bench]')")
+        return
+    names = [n for n in CASES if any(r["env"] == n for r in runs)]
+    if not names:
+        return
+    colours = {}
+    fig, axes = plt.subplots(2, len(names), figsize=(3.6 * len(names), 6.4), squeeze=False)
+    for col, name in enumerate(names):
+        for r in (r for r in runs if r["env"] == name):
+            c = colours.setdefault(r["label"], f"C{len(colours)}")
+            pts = [(s, t, v) for s, t, v in r["curve"] if v == v]
+            if pts:
+                s, t, v = zip(*pts)
+                axes[0][col].plot(s, v, color=c, lw=1, label=r["label"])
+                axes[1][col].plot(t, v, color=c, lw=1, label=r["label"])
+        for row in (0, 1):
+            axes[row][col].axhline(CASES[name].target, color="grey", ls=":", lw=1)
+        axes[0][col].set_title(name)
+        axes[0][col].set_xlabel("env steps")
+        axes[1][col].set_xlabel("wall seconds (start-up included)")
+    axes[0][0].set_ylabel("training return")
+    axes[1][0].set_ylabel("training return")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    fig.legend(uniq.values(), uniq.keys(), loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print("wrote", path)
+
+
+def parse_overrides(text: str) -> dict:
+    from asyncrl.cli import parse_value
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        key, _, value = item.partition("=")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", default="", help=f"comma-separated, of: {', '.join(CASES)}")
+    p.add_argument("--quick", action="store_true", help="the quick subset: "
+                   + ", ".join(f"{n} ({c.quick:,} steps)" for n, c in CASES.items() if c.quick))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--libs", default="asyncrl,sb3", help="asyncrl, sb3 or both")
+    p.add_argument("--rerun_sb3", action="store_true", help="train SB3 again where a stored run exists")
+    p.add_argument("--steps_scale", type=float, default=1.0, help="multiply every budget (trials)")
+    p.add_argument("--variant", default="", help='asyncrl settings over the defaults, "field=value,...": '
+                   "stored under the tag --tag, not as the defaults' runs")
+    p.add_argument("--tag", default="", help="name of a --variant's runs (asyncrl-TAG)")
+    p.add_argument("--report", action="store_true", help="only write the table and plot from stored runs")
+    p.add_argument("--compare", default="", help="extra labels to report, e.g. asyncrl-lr3e4")
+    args = p.parse_args(argv)
+    for case in CASES.values():
+        case.steps = int((case.quick if args.quick and case.quick else case.steps) * args.steps_scale)
+    names = [n for n, c in CASES.items() if c.quick] if args.quick else (
+        [n.strip() for n in args.envs.split(",") if n.strip()] or list(CASES))
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        p.error(f"unknown env(s) {unknown}; choose from {list(CASES)}")
+    if args.variant and not args.tag:
+        p.error("--variant needs --tag (its runs are stored apart from the defaults')")
+    libs = [x.strip() for x in args.libs.split(",") if x.strip()]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if not args.report:
+        overrides = parse_overrides(args.variant)
+        tag = f"-{args.tag}" if args.tag else ""
+        for name in names:
+            for seed in seeds:
+                if "asyncrl" in libs:
+                    run = run_asyncrl(name, seed, overrides)
+                    run["lib"] = "asyncrl" + tag
+                    save_run(run)
+                    print(f"asyncrl{tag} {name} seed {seed}: greedy {run['greedy_mean']:.3g} "
+                          f"(train {run['curve'][-1][2]:.3g}) in {run['wall']:.0f} s, "
+                          f"to target {time_to_target(run, CASES[name].target)}", flush=True)
+                if "sb3" in libs and CASES[name].sb3:
+                    if os.path.exists(run_path("sb3", name, CASES[name].steps, seed)) and not args.rerun_sb3:
+                        continue
+                    run = run_sb3(name, seed)
+                    save_run(run)
+                    print(f"sb3 {name} seed {seed}: greedy {run['greedy_mean']:.3g} in "
+                          f"{run['wall']:.0f} s, to target {time_to_target(run, CASES[name].target)}",
+                          flush=True)
+    labels = libs + [x for x in args.compare.split(",") if x]
+    runs = [r for r in load_runs(labels) if r["env"] in names or args.report]
+    table = summarise(runs, labels)
+    print(table)
+    with open(os.path.join(HERE, "results", "learning_suite.md"), "w") as f:
+        f.write(table + "\n")
+    plot(runs, os.path.join(HERE, "results", "learning_suite.png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Env factories of the learning suite (module-level, so worker processes can import them).
+
+Each env is built as a user would bring it to asyncrl; ``sb3_view`` wraps one for
+Stable-Baselines3's ``PPO`` where SB3 cannot take its spaces as they come (a ``Tuple`` or a
+``Dict`` holding a 7 x 7 grid that SB3's image check sends to its NatureCNN): flattened, the
+same information.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+
+
+def minigrid(name: str) -> gym.Env:
+    """A MiniGrid task with its text mission dropped: ``Dict(image: uint8 7x7x3 grid of object,
+    colour and state ids; direction: Discrete(4))``."""
+    import minigrid  # noqa: F401  (registers the ids)
+    env = gym.make(name)
+    return gym.wrappers.FilterObservation(env, ["image", "direction"])
+
+
+def minigrid_empty8():
+    return minigrid("MiniGrid-Empty-8x8-v0")
+
+
+def minigrid_unlock():
+    return minigrid("MiniGrid-Unlock-v0")
+
+
+def minigrid_keycorridor():
+    return minigrid("MiniGrid-KeyCorridorS3R1-v0")
+
+
+def nasim(name: str) -> gym.Env:
+    """A NASim scenario, ended at its step limit. Unmasked: nasim 0.12's ``get_action_mask()``
+    raises (``'Network' object has no attribute 'host_discovered'``)."""
+    import nasim as _nasim  # noqa: F401  (registers the ids)
+    env = gym.make(name)
+    return gym.wrappers.TimeLimit(env, env.unwrapped.scenario.step_limit)
+
+
+def nasim_tiny_hard():
+    return nasim("TinyHard-v0")
+
+
+def nasim_small():
+    return nasim("Small-v0")
+
+
+def nasim_small_md():
+    """NASim small with ``MultiDiscrete`` actions (its "VA" ids)."""
+    return nasim("SmallVA-v0")
+
+
+def nasim_medium():
+    return nasim("Medium-v0")
+
+
+def taxi():
+    """Gymnasium's Taxi: ``Discrete(500)`` states, ``info["action_mask"]`` (read by asyncrl)."""
+    return gym.make("Taxi-v4")
+
+
+def frozenlake():
+    return gym.make("FrozenLake-v1")
+
+
+def blackjack():
+    """``Tuple(Discrete(32), Discrete(11), Discrete(2))`` observations."""
+    return gym.make("Blackjack-v1")
+
+
+def popgym(name: str) -> gym.Env:
+    import popgym as _popgym  # noqa: F401
+    return gym.make(f"popgym-{name}-v0")
+
+
+def repeat_previous():
+    return popgym("RepeatPreviousEasy")
+
+
+def position_only_cartpole():
+    return popgym("PositionOnlyCartPoleEasy")
+
+
+def simple_spread():
+    from mpe2 import simple_spread_v3
+    return simple_spread_v3.parallel_env(continuous_actions=False)
+
+
+class IntAction(gym.ActionWrapper):
+    """A ``Discrete`` action as a Python int (SB3 steps envs with numpy integers, which NASim's
+    flat action space refuses)."""
+
+    def action(self, action):
+        return int(action)
+
+
+def sb3_view(env: gym.Env) -> gym.Env:
+    """``env`` as SB3's ``PPO`` can take it: ``Tuple`` and ``Dict`` observations flattened to one
+    vector (Discrete parts one-hot), ``Discrete`` actions as ints; others unchanged."""
+    if isinstance(env.observation_space, (gym.spaces.Tuple, gym.spaces.Dict)):
+        env = gym.wrappers.FlattenObservation(env)
+    if isinstance(env.action_space, gym.spaces.Discrete):
+        env = IntAction(env)
+    return env
