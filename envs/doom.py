@@ -29,6 +29,10 @@ SCREEN, VARIABLES = "screen", "gamevariables"
 # working directory: one shared file in the temp directory instead of one in every folder a
 # script runs from.
 DOOM_CONFIG_PATH = os.path.join(tempfile.gettempdir(), "asyncrl_vizdoom.ini")
+# Where that file does not exist yet (a machine's first game), the engine also makes an empty
+# ./_vizdoom folder (its default place for wads and screenshots) when it starts, at the first
+# reset: DoomObservation removes it.
+ENGINE_DIR = "_vizdoom"
 
 
 # Each game's controller and engine talk through files in /dev/shm named after the game's
@@ -97,6 +101,19 @@ class DoomObservation(gym.ObservationWrapper):
         if VARIABLES in env.observation_space.spaces:
             spaces[VARIABLES] = env.observation_space[VARIABLES]
         self.observation_space = gym.spaces.Dict(spaces)
+
+    def reset(self, **kwargs):
+        if self.env.unwrapped.game.is_running():
+            return super().reset(**kwargs)
+        had_engine_dir = os.path.isdir(ENGINE_DIR)  # the engine starts now
+        try:
+            return super().reset(**kwargs)
+        finally:
+            if not had_engine_dir:
+                try:
+                    os.rmdir(ENGINE_DIR)
+                except OSError:  # not made (its settings file exists), or not empty
+                    pass
 
     def observation(self, obs: dict) -> dict:
         screen = obs[SCREEN]

@@ -53,6 +53,24 @@ def test_each_step_is_four_tics_and_the_keywords_reach_the_env(kwargs, tics, sha
 
 
 @pytest.mark.timeout(60)
+def test_a_machines_first_game_leaves_no_folder_in_the_working_directory(tmp_path, monkeypatch):
+    """Without its settings file (a fresh machine, a cleaned /tmp) the engine makes ./_vizdoom as
+    it starts; a user's folder keeps nothing of it."""
+    import asyncrl.envs.doom as doom
+    work, settings = tmp_path / "work", tmp_path / "settings" / "vizdoom.ini"
+    work.mkdir(), settings.parent.mkdir()
+    monkeypatch.setattr(doom, "DOOM_CONFIG_PATH", str(settings))
+    monkeypatch.chdir(work)
+    env = make_env("VizdoomBasic-v1")
+    try:
+        env.reset(seed=0)
+        env.step(0)
+    finally:
+        env.close()
+    assert settings.exists() and os.listdir(work) == []
+
+
+@pytest.mark.timeout(60)
 def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win():
     assert env_family("VizdoomBasic-v1") == "doom" and env_family("CartPole-v1") is None
     with APPO("VizdoomBasic-v1", device="cpu", verbose=0) as model:
