@@ -166,10 +166,14 @@ def test_script_without_main_guard_fails_before_any_worker_starts(tmp_path, env)
     assert "exited unexpectedly" not in out.stderr and "bootstrapping phase" not in out.stderr
 
 
-def test_script_with_main_guard_trains(tmp_path):
+def run_guarded_script(tmp_path, before_training: str = "") -> None:
+    """A script that trains under ``if __name__ == "__main__":``, ``before_training`` (lines of
+    four-space-indented code) run first in its main(); it must train its 512 steps."""
     script = tmp_path / "train.py"
-    script.write_text("from asyncrl import APPO\n"
+    script.write_text("import time\n"
+                      "from asyncrl import APPO\n"
                       "def main():\n"
+                      + before_training +
                       "    with APPO('CartPole-v1', num_workers=1, device='cpu', verbose=0) as m:\n"
                       "        m.train(512)\n"
                       "    print('trained', m.num_timesteps)\n"
@@ -179,6 +183,18 @@ def test_script_with_main_guard_trains(tmp_path):
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.strip().splitlines()[-1].split()[1]) >= 512
+
+
+def test_script_with_main_guard_trains(tmp_path):
+    run_guarded_script(tmp_path)
+
+
+def test_script_edited_while_running_still_trains(tmp_path):
+    """The guard check reads the script from disk: one edited since it started (lines moved, as
+    when a user edits a running experiment) is not judged by lines that are not the ones running."""
+    run_guarded_script(tmp_path, "    time.sleep(1.5)\n"
+                                 "    src = open(__file__).read()\n"
+                                 "    open(__file__, 'w').write('\\n' * 40 + src)\n")
 
 
 def test_callback_stop_then_train_again():
