@@ -37,7 +37,8 @@ def mlp(in_size: int, sizes: List[int], activation: type, ortho: bool = True) ->
 
 class RunningNorm(nn.Module):
     """Running mean and variance (Chan et al.'s parallel update) of ``shape``-d samples, as
-    buffers; ``forward`` normalises and clips."""
+    buffers; ``forward`` normalises and clips. Samples with a non-finite value are left out of
+    the statistics (a batch the learner skips as non-finite must not poison them for good)."""
 
     def __init__(self, shape: tuple, clip: Optional[float] = NORM_CLIP):
         super().__init__()
@@ -49,6 +50,9 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, *self.mean.shape).float()
+        x = x[torch.isfinite(x).reshape(len(x), -1).all(1)]
+        if not len(x):
+            return
         n, mean, var = x.shape[0], x.mean(0), x.var(0, unbiased=False)
         total = self.count + n
         delta = mean - self.mean
