@@ -113,11 +113,15 @@ class ConvEncoder(nn.Module):
 
 class SmallCNN(nn.Module):
     """For small images (MiniGrid's 7 x 7 views): two 3 x 3 same-padding convolutions, so any
-    size fits, then a 128-unit layer."""
+    size fits, then a 128-unit layer. Its input is normalised per channel by running statistics
+    (``update_stats``, once per learner batch), not divided by 255: an image this small is more
+    often a grid of symbols than a camera frame (MiniGrid's cells hold object, colour and state
+    ids 0..10 in a uint8 Box declared 0..255, which /255 would shrink to 0..0.04)."""
 
     def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
         super().__init__()
         self.hwc, (c, h, w) = hwc, chw
+        self.norm = RunningNorm((c,))
         self.convs = nn.Sequential(
             init_layer(nn.Conv2d(c, 16, 3, padding=1), ortho=ortho), nn.ReLU(),
             init_layer(nn.Conv2d(16, 32, 3, padding=1), ortho=ortho), nn.ReLU(), nn.Flatten())
@@ -125,12 +129,21 @@ class SmallCNN(nn.Module):
         self.fc = nn.Sequential(init_layer(nn.Linear(32 * h * w, self.out_size), ortho=ortho), nn.ReLU())
 
     def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """uint8 [N, H, W, C] or [N, C, H, W] -> float [N, C, H, W], values kept."""
         if self.hwc:
             obs = obs.permute(0, 3, 1, 2)
-        return obs.float().mul_(1.0 / 255.0).contiguous()
+        return obs.float().contiguous()
+
+    @torch.no_grad()
+    def update_stats(self, x: torch.Tensor) -> None:
+        """Fold ``scale``'s output [N, C, H, W] into the per-channel statistics (every pixel a
+        sample)."""
+        self.norm.update(x.transpose(0, 1).reshape(x.shape[1], -1).t())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(x))
+        c = x.shape[1]
+        x = (x - self.norm.mean.view(1, c, 1, 1)) / self.norm.std().view(1, c, 1, 1)
+        return self.fc(self.convs(x.clamp(-NORM_CLIP, NORM_CLIP)))
 
 
 class TinyEncoder(nn.Module):

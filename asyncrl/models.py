@@ -188,9 +188,14 @@ class ActorCritic(nn.Module):
     def update_normalizers(self, obs: Dict[str, torch.Tensor], returns: torch.Tensor,
                            keep: torch.Tensor) -> None:
         """Fold a batch's prepared observations [N, ...] and value targets [N] into the running
-        statistics, the samples where ``keep`` [N] is True (only the normalised keys are read)."""
+        statistics, the samples where ``keep`` [N] is True (only the normalised keys and the leaves of
+        encoders with ``update_stats`` are read)."""
         for key, norm in zip(self.norm_keys, self.obs_norm):
             norm.update(obs[key][keep])
+        for encoders in (self.encoders, getattr(self, "vf_encoders", None)):  # encoders' own input statistics
+            for key, enc in zip(self.keys, encoders if isinstance(encoders, nn.ModuleList) else ()):
+                if hasattr(enc, "update_stats"):  # (SmallCNN)
+                    enc.update_stats(obs[key][keep])
         if self.value_norm is not None:
             self.value_norm.update(returns[keep])
 

@@ -1,0 +1,76 @@
+"""What the defaults derive from the env: a space in, the values out; and the README's table of
+them checked against the code."""
+import pathlib
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.config import CONTINUOUS_DEFAULTS, Config, with_defaults
+from asyncrl.encoders import SmallCNN, image_encoder
+from asyncrl.models import ActorCritic
+
+pytestmark = pytest.mark.timeout(60)
+
+README = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_continuous_actions_get_the_continuous_preset_and_keywords_win():
+    assert with_defaults({}, continuous=True) == CONTINUOUS_DEFAULTS
+    out = with_defaults({"learning_rate": 1e-3}, continuous=True)
+    assert out["learning_rate"] == 1e-3 and out["num_epochs"] == CONTINUOUS_DEFAULTS["num_epochs"]
+
+
+def test_discrete_actions_take_the_config_defaults():
+    assert with_defaults({}, continuous=False) == {}
+    cfg = Config()
+    # the discount and trace lambda of SB3's, CleanRL's and Sample Factory's PPO (the suite's
+    # evidence is in README, "Learning suite")
+    assert (cfg.gamma, cfg.vtrace_lambda, cfg.normalize_returns) == (0.99, 0.95, True)
+
+
+def test_atari_keeps_its_measured_preset_and_doom_its_return_normalisation():
+    atari, doom = with_defaults({}, family="atari"), with_defaults({}, family="doom")
+    assert atari["normalize_returns"] is False and atari["reward_clip"] == 1.0
+    assert doom["normalize_returns"] is True
+
+
+def test_readme_table_of_implied_defaults_matches_the_code():
+    for key, value in CONTINUOUS_DEFAULTS.items():
+        row = f"| continuous actions (a `Box` in the action space) | `{key}` | `{value!r}` |"
+        assert row in README, f"README's implied-defaults table lacks or misstates: {row}"
+
+
+def grid_space():
+    """MiniGrid's view: a uint8 Box declared 0..255 holding ids 0..10."""
+    return gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)
+
+
+def test_a_small_uint8_grid_is_normalised_per_channel_not_divided_by_255():
+    enc = image_encoder(grid_space(), "nature", ortho=True)
+    assert isinstance(enc, SmallCNN)
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.integers(1, 11, (64, 7, 7)), rng.integers(0, 6, (64, 7, 7)),
+                    rng.integers(0, 3, (64, 7, 7))], -1).astype(np.uint8)
+    x = enc.scale(torch.as_tensor(ids))
+    assert x.shape == (64, 3, 7, 7) and float(x.max()) == 10.0  # values kept, channels first
+    enc.update_stats(x)
+    expected_mean = ids.reshape(-1, 3).mean(0)
+    assert np.allclose(enc.norm.mean.numpy(), expected_mean, atol=1e-4)
+    first = enc.convs[0]
+    normalised = (x - enc.norm.mean.view(1, 3, 1, 1)) / enc.norm.std().view(1, 3, 1, 1)
+    assert abs(float(normalised.mean())) < 1e-4 and abs(float(normalised.std()) - 1) < 0.05
+    assert first(normalised).shape == (64, 16, 7, 7)
+
+
+def test_a_models_small_image_statistics_move_with_the_learner_batches():
+    space = gym.spaces.Dict({"image": grid_space(), "direction": gym.spaces.Discrete(4)})
+    model = ActorCritic.from_spaces(space, gym.spaces.Discrete(3))
+    obs = {"image": torch.full((8, 7, 7, 3), 5, dtype=torch.uint8),
+           "direction": torch.zeros(8, dtype=torch.int64)}
+    prepared = model.prepare(obs)
+    model.update_normalizers(prepared, torch.zeros(8), torch.ones(8, dtype=torch.bool))
+    enc = model.encoders[model.keys.index("image")]
+    assert torch.allclose(enc.norm.mean, torch.full((3,), 5.0))
+    assert "encoders.%d.norm.mean" % model.keys.index("image") in model.state_dict()  # travels with the weights
