@@ -6,6 +6,7 @@
     asyncrl evaluate --experiment cartpole --episodes 20
     asyncrl plot train_dir/cartpole [train_dir/other ...] [--out curves.png]
     asyncrl benchmark throughput --env ID [--sf] [config flags]   # or another script of benchmarks/
+    asyncrl benchmark learn --quick                               # the learning suite (learning_suite.py)
 
 Without a command, ``python -m asyncrl`` trains CartPole-v1 with the defaults and evaluates it.
 Every experiment lives in ``TRAIN_DIR/NAME`` (see :class:`RunDir`).
@@ -26,8 +27,9 @@ from .config import ENGINE_SET, Config, ConfigError
 from .fileio import atomic_open
 
 COMMANDS = ("train", "enjoy", "evaluate", "plot", "benchmark")
-BENCHMARKS = ("throughput", "cartpole_throughput", "atari_learning", "doom_learning", "memory_tasks", "multiagent",
-              "continuous_control", "soak")
+BENCHMARKS = ("learn", "throughput", "cartpole_throughput", "atari_learning", "doom_learning", "memory_tasks",
+              "multiagent", "continuous_control", "soak")
+SCRIPTS = {"learn": "learning_suite"}  # benchmark names that are not their script's
 
 
 def parse_value(text: str):
@@ -350,7 +352,7 @@ def cmd_plot(args: dict) -> None:
 def cmd_benchmark(args: dict) -> None:
     import runpy
     bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    script = os.path.join(bench_dir, args["name"] + ".py")
+    script = os.path.join(bench_dir, SCRIPTS.get(args["name"], args["name"]) + ".py")
     if not os.path.exists(script):
         raise ConfigError(f"{script} not found: the benchmarks ship with the source checkout "
                           "(git clone ... && pip install -e .)")

@@ -64,6 +64,7 @@ CASES: Dict[str, Case] = {
     "walker2d": Case("Walker2d-v5", 1_000_000, 1000, "mujoco"),
     # MiniGrid: Dict(image 7x7x3 ids, direction); return 1 - 0.9 steps / max steps on success
     "minigrid-empty8": Case(se.minigrid_empty8, 300_000, 0.9, "minigrid", quick=150_000),
+    "minigrid-doorkey5": Case(se.minigrid_doorkey5, 300_000, 0.9, "minigrid", quick=200_000),
     "minigrid-unlock": Case(se.minigrid_unlock, 1_000_000, 0.8, "minigrid"),
     "minigrid-keycorridor": Case(se.minigrid_keycorridor, 1_000_000, 0.8, "minigrid"),
     # NASim (network penetration testing): 2 sensitive hosts x 100 minus action costs
@@ -261,7 +262,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", default="", help=f"comma-separated, of: {', '.join(CASES)}")
-    p.add_argument("--quick", action="store_true", help="the quick subset: "
+    p.add_argument("--quick", action="store_true", help="the quick budgets (and, without --envs, "
+                   "the quick subset): "
                    + ", ".join(f"{n} ({c.quick:,} steps)" for n, c in CASES.items() if c.quick))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--libs", default="asyncrl,sb3", help="asyncrl, sb3 or both")
@@ -275,8 +277,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = p.parse_args(argv)
     for case in CASES.values():
         case.steps = int((case.quick if args.quick and case.quick else case.steps) * args.steps_scale)
-    names = [n for n, c in CASES.items() if c.quick] if args.quick else (
-        [n.strip() for n in args.envs.split(",") if n.strip()] or list(CASES))
+    names = [n.strip() for n in args.envs.split(",") if n.strip()] or (
+        [n for n, c in CASES.items() if c.quick] if args.quick else list(CASES))
     unknown = [n for n in names if n not in CASES]
     if unknown:
         p.error(f"unknown env(s) {unknown}; choose from {list(CASES)}")

@@ -22,6 +22,10 @@ def minigrid_empty8():
     return minigrid("MiniGrid-Empty-8x8-v0")
 
 
+def minigrid_doorkey5():
+    return minigrid("MiniGrid-DoorKey-5x5-v0")
+
+
 def minigrid_unlock():
     return minigrid("MiniGrid-Unlock-v0")
 
