@@ -4,18 +4,18 @@ a score.
     python benchmarks/learning_suite.py --quick                 # a few envs, minutes each
     python benchmarks/learning_suite.py --envs cartpole,taxi --seeds 0,1,2
     python benchmarks/learning_suite.py --report                # table + PNG from stored runs
-    asyncrl benchmark learning_suite ...                        # the same
+    asyncrl benchmark learn ...                                 # the same
 
 Per env of ``CASES`` and seed, ``APPO(env, seed=s, device="cpu")`` with nothing else set (2
 workers x 8 envs, the defaults a user gets) trains for the env's budget; SB3's ``PPO`` with its
 own defaults (``PPO("MlpPolicy" | "MultiInputPolicy", env)``, one env, CPU) trains for the same
 env steps. Both log the training return (mean of the last 100 episodes) against env steps and
 wall time from the constructor's call (start-up included), and end with a greedy evaluation
-(``--eval_episodes``). Runs are stored one file each under ``benchmarks/results/learning_suite/``
-(``<lib>_<env>_<seed>.json``); SB3's are slow on 2 cores and reused unless ``--rerun_sb3``.
+(20 episodes; more where ``Case.eval_episodes`` says). Runs are stored one file each under ``benchmarks/results/learning_suite/``
+(``<lib>_<env>_<steps>_<seed>.json``); SB3's are slow on 2 cores and reused unless ``--rerun_sb3``.
 ``--report`` writes ``learning_suite.md`` (the README's table: final greedy score, median and
 range over seeds; env steps and wall time to the target, median over the seeds that reached it,
-and how many did) and ``learning_suite.png`` (curves against env steps and wall time).
+and how many did; asyncrl's median wall time to the target over SB3's) and ``learning_suite.png`` (curves against env steps and wall time).
 
 The target of an env is the score that counts as solved where one is known (Gymnasium's
 ``reward_threshold`` or the literature), else stated in ``CASES``; it is judged on the training
@@ -195,21 +195,29 @@ def summarise(runs: List[dict], libs: List[str]) -> str:
     """The README's table: per env and library, the greedy score (median, range), env steps and
     wall time to the target (median over the seeds that reached it, how many did), steady
     training rate."""
-    rows = ["| env | target | library | seeds | greedy score, median (range) | reached target | "
-            "env steps to target | wall time to target | env steps/s |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| env | steps | target | library | seeds | greedy score, median (range) | reached target | "
+            "env steps to target | wall time to target | / SB3's | env steps/s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def hits_of(name: str, lib: str) -> List[tuple]:
+        return [h for h in (time_to_target(r, CASES[name].target)
+                            for r in runs if r["env"] == name and r["label"] == lib) if h]
+
     for name, case in CASES.items():
+        sb3_hits = hits_of(name, "sb3")
         for lib in libs:
             mine = [r for r in runs if r["env"] == name and r["label"] == lib]
             if not mine:
                 continue
-            hits = [h for h in (time_to_target(r, case.target) for r in mine) if h]
+            hits = hits_of(name, lib)
             rate = [r["curve"][-1][0] / r["wall"] for r in mine if r["curve"]]
+            ratio = (f"{statistics.median(h[1] for h in hits) / statistics.median(h[1] for h in sb3_hits):.2f}"
+                     if hits and sb3_hits and lib != "sb3" else "-")
             rows.append(
-                f"| {name} | {case.target:g} | {lib} | {len(mine)} | "
+                f"| {name} | {case.steps / 1e3:,.0f}k | {case.target:g} | {lib} | {len(mine)} | "
                 f"{spread([r['greedy_mean'] for r in mine], '{:.3g}')} | {len(hits)}/{len(mine)} | "
                 f"{spread([h[0] / 1e3 for h in hits], '{:.0f}k')} | "
-                f"{spread([h[1] for h in hits], '{:.0f} s')} | {spread(rate, '{:,.0f}')} |")
+                f"{spread([h[1] for h in hits], '{:.0f} s')} | {ratio} | {spread(rate, '{:,.0f}')} |")
     return "\n".join(rows)
 
 

@@ -36,6 +36,11 @@ def test_atari_keeps_its_measured_preset_and_doom_its_return_normalisation():
     assert doom["normalize_returns"] is True
 
 
+def test_readme_configuration_table_matches_the_code():
+    missing = [row for row in Config().describe().splitlines() if row not in README]
+    assert not missing, f"README's configuration table lacks or misstates: {missing}"
+
+
 def test_readme_table_of_implied_defaults_matches_the_code():
     for key, value in CONTINUOUS_DEFAULTS.items():
         row = f"| continuous actions (a `Box` in the action space) | `{key}` | `{value!r}` |"
