@@ -134,6 +134,17 @@ class SmallCNN(nn.Module):
             obs = obs.permute(0, 3, 1, 2)
         return obs.float().contiguous()
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """A state_dict saved before the input statistics existed (such encoders divided by 255)
+        loads with statistics that divide by 255, counted as many samples, so resumed training
+        keeps that scale."""
+        if prefix + "convs.0.weight" in state_dict and prefix + "norm.mean" not in state_dict:
+            c = self.norm.mean.shape[0]
+            state_dict[prefix + "norm.mean"] = torch.zeros(c)
+            state_dict[prefix + "norm.var"] = torch.full((c,), 255.0 ** 2)
+            state_dict[prefix + "norm.count"] = torch.tensor(1e12)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @torch.no_grad()
     def update_stats(self, x: torch.Tensor) -> None:
         """Fold ``scale``'s output [N, C, H, W] into the per-channel statistics (every pixel a

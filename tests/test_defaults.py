@@ -79,3 +79,15 @@ def test_a_models_small_image_statistics_move_with_the_learner_batches():
     enc = model.encoders[model.keys.index("image")]
     assert torch.allclose(enc.norm.mean, torch.full((3,), 5.0))
     assert "encoders.%d.norm.mean" % model.keys.index("image") in model.state_dict()  # travels with the weights
+
+
+def test_a_small_image_state_dict_saved_before_the_statistics_loads_as_it_was_trained():
+    """Saved when this encoder divided by 255: it loads (no missing keys) and sees the same input."""
+    enc = image_encoder(grid_space(), "nature", ortho=True)
+    old = {k: v for k, v in enc.state_dict().items() if not k.startswith("norm.")}
+    fresh = image_encoder(grid_space(), "nature", ortho=True)
+    fresh.load_state_dict(old)
+    x = enc.scale(torch.randint(0, 11, (4, 7, 7, 3), dtype=torch.uint8))
+    assert torch.allclose(fresh(x), enc.fc(enc.convs(x / 255.0)), atol=1e-5)
+    fresh.update_stats(x)  # resumed training keeps that scale
+    assert torch.allclose(fresh(x), enc.fc(enc.convs(x / 255.0)), atol=1e-4)
