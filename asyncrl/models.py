@@ -206,8 +206,8 @@ class ActorCritic(nn.Module):
     @torch.no_grad()
     def fused_forward(self) -> Callable:
         """An inference-only ``forward`` with the policy and value MLPs of a vector-only model
-        fused into one block-diagonal MLP (half the matmuls, no module calls). Rebuild it after
-        the weights change. Other models return ``forward`` itself."""
+        fused into one block-diagonal MLP (half the matmuls, no module calls), the return
+        normaliser's scale folded into the value row. Rebuild it after the weights change. Other models return ``forward`` itself."""
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
                    and self.core is None
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
@@ -223,8 +223,11 @@ class ActorCritic(nn.Module):
             weights.append(w.detach().clone())
             biases.append(torch.cat([a.bias, c.bias]).detach().clone())
         p = self.dist.param_size
+        if self.value_norm is not None:  # values de-normalised by the value row itself
+            std, mean = self.value_norm.std(), self.value_norm.mean
+            weights[-1][p] *= std
+            biases[-1][p] = biases[-1][p] * std + mean
         norms = dict(zip(self.norm_keys, self.obs_norm))
-        value_norm = self.value_norm
 
         def forward(obs: Dict[str, torch.Tensor]):
             x = self.prepare(obs)
@@ -233,8 +236,7 @@ class ActorCritic(nn.Module):
             for w, b in zip(weights[:-1], biases[:-1]):
                 x = act(F.linear(x, w, b))
             out = F.linear(x, weights[-1], biases[-1])
-            values = out[:, p]
-            return out[:, :p], values if value_norm is None else value_norm.denormalize(values)
+            return out[:, :p], out[:, p]
         return forward
 
 

@@ -91,3 +91,17 @@ def test_a_small_image_state_dict_saved_before_the_statistics_loads_as_it_was_tr
     assert torch.allclose(fresh(x), enc.fc(enc.convs(x / 255.0)), atol=1e-5)
     fresh.update_stats(x)  # resumed training keeps that scale
     assert torch.allclose(fresh(x), enc.fc(enc.convs(x / 255.0)), atol=1e-4)
+
+
+def test_the_policy_workers_fused_forward_gives_the_models_denormalised_values():
+    """Return normalisation is on by default: the fused inference folds its scale into the
+    value row, and must give what the model gives."""
+    model = ActorCritic.from_spaces(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
+    model.value_norm.update(torch.randn(256) * 30 + 100)
+    obs = {"obs": torch.randn(16, 4)}
+    with torch.no_grad():
+        params, values = model(obs)
+    fused_params, fused_values = model.fused_forward()(obs)
+    assert model.fused_forward() != model.forward  # the fused path was taken
+    assert torch.allclose(fused_params, params, atol=1e-5) and torch.allclose(fused_values, values, atol=1e-3)
+    assert float(values.abs().mean()) > 10  # in the returns' units, not normalised ones
