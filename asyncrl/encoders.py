@@ -121,7 +121,7 @@ class SmallCNN(nn.Module):
     def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
         super().__init__()
         self.hwc, (c, h, w) = hwc, chw
-        self.norm = RunningNorm((c,))
+        self.norm = RunningNorm((c, 1, 1))  # per channel, broadcast over [N, C, H, W]
         self.convs = nn.Sequential(
             init_layer(nn.Conv2d(c, 16, 3, padding=1), ortho=ortho), nn.ReLU(),
             init_layer(nn.Conv2d(16, 32, 3, padding=1), ortho=ortho), nn.ReLU(), nn.Flatten())
@@ -139,9 +139,8 @@ class SmallCNN(nn.Module):
         loads with statistics that divide by 255, counted as many samples, so resumed training
         keeps that scale."""
         if prefix + "convs.0.weight" in state_dict and prefix + "norm.mean" not in state_dict:
-            c = self.norm.mean.shape[0]
-            state_dict[prefix + "norm.mean"] = torch.zeros(c)
-            state_dict[prefix + "norm.var"] = torch.full((c,), 255.0 ** 2)
+            state_dict[prefix + "norm.mean"] = torch.zeros_like(self.norm.mean)
+            state_dict[prefix + "norm.var"] = torch.full_like(self.norm.var, 255.0 ** 2)
             state_dict[prefix + "norm.count"] = torch.tensor(1e12)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -149,12 +148,10 @@ class SmallCNN(nn.Module):
     def update_stats(self, x: torch.Tensor) -> None:
         """Fold ``scale``'s output [N, C, H, W] into the per-channel statistics (every pixel a
         sample)."""
-        self.norm.update(x.transpose(0, 1).reshape(x.shape[1], -1).t())
+        self.norm.update(x.permute(0, 2, 3, 1).reshape(-1, *self.norm.mean.shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = x.shape[1]
-        x = (x - self.norm.mean.view(1, c, 1, 1)) / self.norm.std().view(1, c, 1, 1)
-        return self.fc(self.convs(x.clamp(-NORM_CLIP, NORM_CLIP)))
+        return self.fc(self.convs(self.norm(x)))
 
 
 class TinyEncoder(nn.Module):

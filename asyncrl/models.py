@@ -69,7 +69,7 @@ class ActorCritic(nn.Module):
         if spec.policy is not None:
             self.net = spec.policy(sb3_observation_space(env), env.action_space,
                                    self.dist.param_size, **kw)
-            self.encoders = None
+            self.encoders = self.vf_encoders = None
             return
         act = kw.get("activation_fn", ACTIVATIONS[cfg.activation])
         self.encoders = self._extractor(env, cfg, kw, ortho)
@@ -192,10 +192,11 @@ class ActorCritic(nn.Module):
         encoders with ``update_stats`` are read)."""
         for key, norm in zip(self.norm_keys, self.obs_norm):
             norm.update(obs[key][keep])
-        for encoders in (self.encoders, getattr(self, "vf_encoders", None)):  # encoders' own input statistics
-            for key, enc in zip(self.keys, encoders if isinstance(encoders, nn.ModuleList) else ()):
-                if hasattr(enc, "update_stats"):  # (SmallCNN)
-                    enc.update_stats(obs[key][keep])
+        for encoders in (self.encoders, self.vf_encoders):
+            if isinstance(encoders, nn.ModuleList):  # one per key (a custom extractor keeps its own)
+                for key, enc in zip(self.keys, encoders):
+                    if hasattr(enc, "update_stats"):  # its own input statistics (SmallCNN)
+                        enc.update_stats(obs[key][keep])
         if self.value_norm is not None:
             self.value_norm.update(returns[keep])
 
@@ -207,7 +208,8 @@ class ActorCritic(nn.Module):
     def fused_forward(self) -> Callable:
         """An inference-only ``forward`` with the policy and value MLPs of a vector-only model
         fused into one block-diagonal MLP (half the matmuls, no module calls), the return
-        normaliser's scale folded into the value row. Rebuild it after the weights change. Other models return ``forward`` itself."""
+        normaliser's scale folded into the value row. Rebuild it after the weights change. Other
+        models return ``forward`` itself."""
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
                    and self.core is None
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
