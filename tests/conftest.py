@@ -7,11 +7,19 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
+import signal  # noqa: E402
 import time  # noqa: E402
 
 import pytest  # noqa: E402
 
 from asyncrl.fileio import orphaned_scratch_dirs  # noqa: E402
+
+# The tests that press Ctrl-C (SIGINT to this process, or to a script they start) expect what a
+# terminal gives: a KeyboardInterrupt. Started in the background (nohup, `&` in a script, some CI
+# runners) this process inherits SIGINT ignored, and so would every process it starts; Python's
+# handler, restored here, is reset to the default in each child, which then installs its own.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
