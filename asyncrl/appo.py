@@ -18,7 +18,7 @@ from .acting import as_numpy, play_episode, predict_mask, predict_state, stack_a
 from .config import MUTABLE_HPARAMS, Config, ConfigError
 from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
-from .fileio import make_scratch_dir
+from .fileio import make_scratch_dir, policy_folder
 from .logger import TrainLogger
 from .models import PolicySpec, build_checked
 from .multiagent import AgentView, play_parallel_episode
@@ -150,9 +150,9 @@ class APPO(Parameters):
         self._training = False   # inside train(): callbacks run, the learner owns the weights
         self._eval_vec_envs: Dict[str, Any] = {}  # get_env(), per policy id
         self._tmpdir = make_scratch_dir()
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
-        for k, t in enumerate(self.trainees.values()):
-            t.optimizer_path = os.path.join(self._tmpdir, "optimizer.pt" if k == 0 else f"optimizer-{k}.pt")
+        for k, (pid, t) in enumerate(self.trainees.items()):  # a folder of files per trained policy
+            t.optimizer_path = os.path.join(self._tmpdir, policy_folder(k, pid), "optimizer.pt")
+        self._open_scratch()
         cfg = self.config
         self.logger = TrainLogger(cfg.verbose, cfg.log_interval, cfg.stats_window, cfg.tensorboard_log)
 
@@ -240,14 +240,19 @@ class APPO(Parameters):
             self._runner = None
         if self._runner is None:
             if not self._finalizer.alive:  # trained again after the with block
-                os.makedirs(self._tmpdir, exist_ok=True)
-                self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+                self._open_scratch()
             self._runner = Runner(self.config, self.env_factory,
                                   [t.trained_policy(cfg) for t, cfg in zip(self.trainees.values(), configs)],
-                                  self.device, self.logger, self._num_graphs, self.agents,
+                                  self.device, self.logger, self._tmpdir, self._num_graphs, self.agents,
                                   {pid: (self.frozen_specs[pid], m) for pid, m in self.frozen.items()})
             self._num_graphs += 1
         return self._runner
+
+    def _open_scratch(self) -> None:
+        """The scratch directory and its folder per trained policy, removed with the model."""
+        for t in self.trainees.values():
+            os.makedirs(os.path.dirname(t.optimizer_path), exist_ok=True)
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
 
     def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[list], Any]:
         def hook(counters: list):

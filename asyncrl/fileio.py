@@ -68,3 +68,9 @@ def make_scratch_dir() -> str:
     for path in orphaned_scratch_dirs():
         shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+
+
+def policy_folder(k: int, policy_id: str) -> str:
+    """The name of the scratch folder of the ``k``-th trained policy (its id, made a safe file
+    name; the index keeps two ids that read alike apart)."""
+    return f"{k}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", policy_id)[:64]

@@ -81,8 +81,9 @@ def index_obs(obs: Dict[str, torch.Tensor], idx) -> Dict[str, torch.Tensor]:
     return {k: v[idx] for k, v in obs.items()}
 
 
+# A trained policy's scratch files sit beside its Adam state, in its own folder (APPO).
 def rng_path(optimizer_path: str) -> str:
-    return os.path.join(os.path.dirname(optimizer_path), "learner_rng.pt")
+    return os.path.join(os.path.dirname(optimizer_path), "rng.pt")
 
 
 def snapshot_path(optimizer_path: str) -> str:

@@ -207,14 +207,14 @@ class Runner:
     policy dimension: each has its own part, ``PolicyPart``)."""
 
     def __init__(self, cfg: Config, env_factory: Callable, trained: List[TrainedPolicy], device: str,
-                 logger: TrainLogger, graph_idx: int = 0, agents: Optional[AgentLayout] = None,
-                 frozen: Optional[dict] = None):
+                 logger: TrainLogger, scratch_dir: Optional[str] = None, graph_idx: int = 0,
+                 agents: Optional[AgentLayout] = None, frozen: Optional[dict] = None):
         # A graph started after an error draws fresh env resets and sampling noise.
         self.base_cfgs = [cfg, *(t.cfg for t in trained)]  # as given: the facade compares them
         self.cfg = cfg.replace(seed=(cfg.seed + 1_000_003 * graph_idx) % 2 ** 31)
         self.env_factory, self.device, self.agents = env_factory, device, agents
         self.logger = logger
-        self.scratch_dir = os.path.dirname(trained[0].optimizer_path)
+        self.scratch_dir = scratch_dir  # the model's: its workers remove it if it is killed
         check_shm_space(sum(TrajectoryBuffers.nbytes(t.cfg, PolicyPart.slot_spec(t))
                             for t in trained))  # every pool together, before any is made
         self.ctl = SharedControl(len(trained))

@@ -424,7 +424,9 @@ def test_one_trained_policys_parameters_leave_the_other_alone_and_round_trip(tmp
 
 
 @pytest.mark.timeout(120)
-def test_two_trained_policies_in_worker_processes_survive_a_killed_learner_and_leave_nothing():
+def test_two_trained_policies_in_worker_processes_survive_a_killed_learner_and_leave_nothing(tmp_path):
+    """... and each keeps its own files: the killed learner resumes from its own Adam state and
+    RNG, and save() stores each learner's RNG under its id (they shared one file before)."""
     from test_worker_faults import wait_for_child
     killed = []
 
@@ -442,8 +444,13 @@ def test_two_trained_policies_in_worker_processes_survive_a_killed_learner_and_l
         assert killed and model.logger.worker_restarts == 1
         assert model.trainees["big"].num_timesteps >= 12_000
         score = model.evaluate(20, seed=0, policy_id="big")[0]
+        model.save(tmp_path / "two.pt")
     assert score > 3.0
     assert worker_children() == []
+    saved = torch.load(tmp_path / "two.pt", weights_only=False)["trained"]
+    rng = {pid: entry["learner_rng"] for pid, entry in saved.items()}
+    assert rng["small"] is not None and rng["big"] is not None
+    assert not torch.equal(rng["small"], rng["big"])  # same seed, different minibatch draws
 
 
 @pytest.mark.timeout(60)
