@@ -64,10 +64,12 @@ class Config:
         "env. Batch sizes count agent steps.")
 
     # --- optimisation -----------------------------------------------------------------------
-    learning_rate: float = _f(1e-3, "Adam learning rate.")
+    learning_rate: float = _f(5e-4, "Adam learning rate.")
     adam_eps: float = _f(1e-5, "Adam epsilon.")
     num_epochs: int = _f(4, "Passes over each batch (IMPALA: 1).")
-    minibatch_size: int = _f(512, "Samples per gradient step; must divide batch_size.")
+    minibatch_size: int = _f(
+        128, "Samples per gradient step; must divide batch_size (the default: 8 steps per batch "
+        "and epoch).")
     gamma: float = _f(0.99, "Discount factor.")
     vtrace_lambda: float = _f(
         0.95, "Trace-cutting lambda of V-trace (1.0: the IMPALA paper's; 0.95: GAE's lambda in "

@@ -29,7 +29,7 @@ def run(tmp_path_factory):
     first = asyncrl("train", "--env", "CartPole-v1", "--experiment", "cp", "--steps", "2048",
                     "--progress_bar", *TINY, cwd=cwd)
     second = asyncrl("train", "--env", "CartPole-v1", "--experiment", "cp", "--steps", "4096",
-                     "--progress_bar", "--learning_rate", "5e-4", *TINY, cwd=cwd)
+                     "--progress_bar", "--learning_rate", "2e-4", *TINY, cwd=cwd)
     return dict(cwd=cwd, dir=cwd / "train_dir" / "cp", first=first, second=second)
 
 
@@ -41,7 +41,7 @@ def test_train_writes_the_run_directory(run):
     import yaml
     config = yaml.safe_load((d / "config.yaml").read_text())
     assert config["env"] == "CartPole-v1" and config["steps"] == 4096
-    assert config["config"]["learning_rate"] == 5e-4 and config["config"]["rollout"] == 16
+    assert config["config"]["learning_rate"] == 2e-4 and config["config"]["rollout"] == 16
     with open(d / "progress.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     steps = [int(r["time/total_timesteps"]) for r in rows]
@@ -52,7 +52,7 @@ def test_train_writes_the_run_directory(run):
 def test_same_command_resumes_and_explicit_flags_win(run):
     out = run["second"].stdout
     assert "resuming" in out and "(2,048 env steps)" in out
-    assert "learning_rate 0.001 -> 0.0005" in out
+    assert "learning_rate 0.0005 -> 0.0002" in out
     ckpts = sorted(os.listdir(run["dir"] / "checkpoints"))
     assert ckpts[-1] == "checkpoint_000000000004096.pt"
     # the progress bar started at the resumed step and ended at the total
