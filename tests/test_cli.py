@@ -117,11 +117,18 @@ def test_errors_name_the_flag_and_exit_2(tmp_path, args, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
-def test_help_at_every_level(tmp_path):
+def test_help_at_every_level(tmp_path, capsys):
+    """The top level through the installed entry (a subprocess); each command's help through
+    the same main() in this process (a subprocess each cost ~2 s of the suite)."""
+    from asyncrl.cli import main
     assert "train,enjoy,evaluate,plot,benchmark" in asyncrl("--help", cwd=tmp_path).stdout
     for command in ("train", "enjoy", "evaluate", "plot", "benchmark"):
-        assert "usage: asyncrl " + command in asyncrl(command, "--help", cwd=tmp_path).stdout
-    assert "--learning_rate" in asyncrl("train", "--help", cwd=tmp_path).stdout
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert exit_.value.code == 0 and "usage: asyncrl " + command in out
+        if command == "train":
+            assert "--learning_rate" in out
 
 
 @pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
