@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -143,7 +144,11 @@ def run_sb3(name: str, seed: int) -> dict:
         from stable_baselines3 import PPO as Algo
         policy = "MultiInputPolicy" if isinstance(env.observation_space, gym.spaces.Dict) else "MlpPolicy"
     model = Algo(policy, env, seed=seed, device="cpu", verbose=0)
-    model.learn(case.steps, callback=Record())
+    try:
+        model.learn(case.steps, callback=Record())
+    finally:  # SB3 made a log folder (/tmp/SB3-<date>) that nobody reads: not left behind
+        if model.logger is not None and model.logger.get_dir():
+            shutil.rmtree(model.logger.get_dir(), ignore_errors=True)
     wall = time.perf_counter() - t0
     mean, std = evaluate_policy(model, make(), n_eval_episodes=eval_episodes(case), deterministic=True)
     return dict(lib="sb3", env=name, steps=case.steps, seed=seed, overrides={}, curve=curve, wall=wall,
