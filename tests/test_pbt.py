@@ -2,6 +2,8 @@
 search bounds, generations are checkpointed and summarised, locally and on a local Ray."""
 import json
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -71,7 +73,10 @@ def test_local_pbt_runs_checkpoints_and_summarises(tmp_path, capsys):
 @pytest.mark.timeout(600)
 def test_ray_backend_on_a_local_ray(tmp_path):
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Ray's session files (logs, sockets) in a folder of this test, not /tmp/ray, which outlived
+    # the suite; short, since its socket paths must fit 107 characters
+    ray_dir = tempfile.mkdtemp(prefix="ray-")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_dir)
     try:
         with pytest.raises(ValueError, match=r"3.0 CPUs, but the Ray cluster has 2 available.*wait to be placed"):
             PBT("CartPole-v1", num_members=2, backend="ray", ray_num_cpus=1.5, **MEMBER)
@@ -83,6 +88,7 @@ def test_ray_backend_on_a_local_ray(tmp_path):
         assert_copied_in_checkpoint(tmp_path)
     finally:
         ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def assert_copied_in_checkpoint(out_dir):
