@@ -150,6 +150,7 @@ class APPO(Parameters):
         self._training = False   # inside train(): callbacks run, the learner owns the weights
         self._eval_vec_envs: Dict[str, Any] = {}  # get_env(), per policy id
         self._tmpdir = make_scratch_dir()
+        self._finalizer: Optional[weakref.finalize] = None
         for k, (pid, t) in enumerate(self.trainees.items()):  # a folder of files per trained policy
             t.optimizer_path = os.path.join(self._tmpdir, policy_folder(k, pid), "optimizer.pt")
         self._open_scratch()
@@ -239,8 +240,7 @@ class APPO(Parameters):
             self._runner.close()
             self._runner = None
         if self._runner is None:
-            if not self._finalizer.alive:  # trained again after the with block
-                self._open_scratch()
+            self._open_scratch()  # again, if a with block has removed it
             self._runner = Runner(self.config, self.env_factory,
                                   [t.trained_policy(cfg) for t, cfg in zip(self.trainees.values(), configs)],
                                   self.device, self.logger, self._tmpdir, self._num_graphs, self.agents,
@@ -249,10 +249,12 @@ class APPO(Parameters):
         return self._runner
 
     def _open_scratch(self) -> None:
-        """The scratch directory and its folder per trained policy, removed with the model."""
+        """The scratch directory and its folder per trained policy (made again after a with
+        block removed them: the model stays usable), removed with the model."""
         for t in self.trainees.values():
             os.makedirs(os.path.dirname(t.optimizer_path), exist_ok=True)
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+        if self._finalizer is None or not self._finalizer.alive:
+            self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
 
     def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[list], Any]:
         def hook(counters: list):

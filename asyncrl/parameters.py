@@ -1,7 +1,8 @@
 """Parameters and persistence of a model, keyed by policy id: ``get_parameters``/``set_parameters``
 (state dicts or checkpoint paths per trained or frozen policy) and ``save``/``load`` (every
 trained policy's weights, Adam state, learner RNG, counters and own settings). A mixin of
-``APPO``: it uses the model's trainees, frozen policies, config and process graph."""
+``APPO``: it uses the model's trainees, frozen policies, config, process graph and scratch
+folders."""
 from __future__ import annotations
 
 import os
@@ -76,6 +77,8 @@ class Parameters:
         frozen = {pid: self._params_from(params[pid], pid)[pid] for pid in self.frozen if pid in params}
         for pid, state in frozen.items():
             _check_state_dict(self.frozen[pid], state, exact_match)
+        if any(optimizer_state is not None for _, optimizer_state in trained.values()):
+            self._open_scratch()  # Adam's state goes to the scratch files, also after a with block
         for pid, (state, optimizer_state) in trained.items():
             t = self.trainees[pid]
             t.model.load_state_dict(state, strict=exact_match)

@@ -44,3 +44,20 @@ def test_checkpoint_saved_while_training_is_consistent(tmp_path, serial):
     finally:
         resumed.close()
     assert worker_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_parameters_set_after_the_with_block_train_on():
+    """The with block removed the scratch folder; set_parameters with Adam's state makes it
+    again (it raised a RuntimeError from torch.save before) and the model trains on."""
+    with APPO("CartPole-v1", **SMALL, serial_mode=True) as model:
+        model.train(256)
+        params = model.get_parameters()
+    model.set_parameters(params)
+    try:
+        model.train(256)
+        assert model.num_timesteps == 512
+        # Adam's state went on from the one set: both calls' updates (one batch each)
+        assert adam_steps(model.get_parameters()["policy.optimizer"]) == 2 * STEPS_PER_UPDATE
+    finally:
+        model.close()
