@@ -77,8 +77,7 @@ class Parameters:
         frozen = {pid: self._params_from(params[pid], pid)[pid] for pid in self.frozen if pid in params}
         for pid, state in frozen.items():
             _check_state_dict(self.frozen[pid], state, exact_match)
-        if any(optimizer_state is not None for _, optimizer_state in trained.values()):
-            self._open_scratch()  # Adam's state goes to the scratch files, also after a with block
+        self._open_scratch()  # Adam's state goes to the scratch files, also after a with block
         for pid, (state, optimizer_state) in trained.items():
             t = self.trainees[pid]
             t.model.load_state_dict(state, strict=exact_match)

@@ -11,11 +11,12 @@ workers x 8 envs, the defaults a user gets) trains for the env's budget; SB3's `
 own defaults (``PPO("MlpPolicy" | "MultiInputPolicy", env)``, one env, CPU) trains for the same
 env steps. Both log the training return (mean of the last 100 episodes) against env steps and
 wall time from the constructor's call (start-up included), and end with a greedy evaluation
-(20 episodes; more where ``Case.eval_episodes`` says). Runs are stored one file each under ``benchmarks/results/learning_suite/``
-(``<lib>_<env>_<steps>_<seed>.json``); SB3's are slow on 2 cores and reused unless ``--rerun_sb3``.
-``--report`` writes ``learning_suite.md`` (the README's table: final greedy score, median and
-range over seeds; env steps and wall time to the target, median over the seeds that reached it,
-and how many did; asyncrl's median wall time to the target over SB3's) and ``learning_suite.png`` (curves against env steps and wall time).
+(20 episodes; more where ``Case.eval_episodes`` says). Runs are stored one file each under
+``benchmarks/results/learning_suite/`` (``<lib>_<env>_<steps>_<seed>.json``); SB3's are slow on
+2 cores and reused unless ``--rerun_sb3``. ``--report`` writes ``learning_suite.md`` (the README's
+table: final greedy score, median and range over seeds; env steps and wall time to the target,
+median over the seeds that reached it, and how many did; asyncrl's median wall time to the
+target over SB3's) and ``learning_suite.png`` (curves against env steps and wall time).
 
 The target of an env is the score that counts as solved where one is known (Gymnasium's
 ``reward_threshold`` or the literature), else stated in ``CASES``; it is judged on the training
