@@ -153,3 +153,26 @@ def test_diagnostics_carry_no_graph():
     assert out.loss.requires_grad
     for t in out[1:]:
         assert not t.requires_grad
+
+
+@pytest.mark.parametrize("clip_coef, vf_clip_coef", [(0.2, None), (0.1, 0.2), (None, None)])
+def test_no_mask_is_the_mask_that_keeps_every_sample(clip_coef, vf_clip_coef):
+    """The learner passes no mask when every sample counts (plain means, fewer operations): the
+    loss, its gradient and every diagnostic are those of an all-ones mask."""
+    inputs = make_inputs(ratio=torch.linspace(0.7, 1.3, N), advantages=torch.linspace(-1, 1, N))
+    kw = dict(clip_coef=clip_coef, vf_clip_coef=vf_clip_coef, ent_coef=0.01)
+    plain, ones = loss(inputs, **kw), loss(inputs, mask=torch.ones(N), **kw)
+    for a, b in zip(plain, ones):
+        assert a.item() == pytest.approx(b.item(), rel=1e-6, abs=1e-7)
+    g_plain, = torch.autograd.grad(plain.loss, inputs["new_log_probs"])
+    g_ones, = torch.autograd.grad(ones.loss, inputs["new_log_probs"])
+    assert torch.allclose(g_plain, g_ones)
+
+
+def test_advantages_normalised_over_kept_samples_only():
+    from asyncrl.learner import normalized_advantages
+    adv = torch.tensor([1.0, 2.0, 3.0, 100.0])
+    out = normalized_advantages(adv, torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    assert out[:3].tolist() == pytest.approx([-1.0, 0.0, 1.0], abs=1e-6)
+    assert normalized_advantages(adv[:3], None).tolist() == pytest.approx([-1.0, 0.0, 1.0], abs=1e-6)
+    assert normalized_advantages(adv, torch.tensor([0.0, 1.0, 0.0, 0.0])).tolist() == adv.tolist()
