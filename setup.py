@@ -29,11 +29,13 @@ setup(
         "mujoco": ["gymnasium[mujoco]>=1.0"],  # HalfCheetah-v5 etc. (benchmarks/continuous_control.py)
         "sb3": ["stable-baselines3>=2.3"],  # get_env(), SB3 callbacks in learn()
         "ray": ["ray>=2.9"],                # asyncrl.pbt on a Ray cluster
+        # model.export / asyncrl export to ONNX (TorchScript needs nothing more)
+        "export": ["onnx>=1.16", "onnxscript>=0.3", "onnxruntime>=1.17"],
         # asyncrl enjoy --save_video (pygame renders gymnasium's classic-control envs)
         "video": ["imageio>=2.20", "imageio-ffmpeg>=0.4", "pygame>=2.1"],
         "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5",
                   "stable-baselines3>=2.3", "ray>=2.9", "matplotlib>=3.5", "imageio>=2.20",
                   "imageio-ffmpeg>=0.4", "pygame>=2.1", "hypothesis>=6", "vizdoom>=1.2",
-                  "pettingzoo>=1.24"],
+                  "pettingzoo>=1.24", "onnx>=1.16", "onnxscript>=0.3", "onnxruntime>=1.17"],
     },
 )

@@ -350,6 +350,23 @@ class APPO(Parameters):
             env.close()
         return float(np.mean(returns)), float(np.std(returns))
 
+    def export(self, path, format: Optional[str] = None, policy_id: Optional[str] = None) -> str:
+        """Write the deterministic policy for deployment: ONNX (``.onnx``; run it with
+        onnxruntime, ``pip install 'asyncrl[export]'``) or TorchScript (``.pt``; ``torch.jit.load``
+        runs it without asyncrl), or as ``format`` says ("onnx", "torchscript"). It maps the
+        observation (one input per leaf, named after it: ``obs`` for a single array), an
+        ``action_mask`` where the env masks and a recurrent ``state`` (zeros at an episode's
+        start) to the action ``predict(deterministic=True)`` gives, then the ``next_state``;
+        the observation normaliser is inside. See ``asyncrl.export`` for the names and dtypes.
+        ``policy_id``: a trained or frozen policy of a multi-agent model (default: the first
+        trained). Returns the format written."""
+        from .export import export_policy  # torch.onnx's import costs a second; only when used
+        pid = self._policy_id(policy_id)
+        if self.agents is not None and pid in self.agents.rule_based:
+            raise ValueError(f"policy {pid!r} is rule-based (a Python function): nothing to export")
+        model, spec = self._model_and_spec(pid)
+        return export_policy(model, spec, path, format)
+
     def _model_and_spec(self, pid: str) -> tuple:
         """The model and spec of a trained or frozen policy."""
         if pid in self.trainees:

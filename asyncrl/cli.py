@@ -4,6 +4,7 @@
                   [--train_dir train_dir] [--field value ...]      # the same again: resumes
     asyncrl enjoy --experiment cartpole [--save_video] [--max_episodes 3] [--deterministic]
     asyncrl evaluate --experiment cartpole --episodes 20
+    asyncrl export --experiment cartpole [--out policy.onnx|policy.pt]  # for deployment
     asyncrl plot train_dir/cartpole [train_dir/other ...] [--out curves.png]
     asyncrl benchmark throughput --env ID [--sf] [config flags]   # or another script of benchmarks/
     asyncrl benchmark learn --quick                               # the learning suite (learning_suite.py)
@@ -26,7 +27,7 @@ from typing import List, Optional
 from .config import ENGINE_SET, Config, ConfigError
 from .fileio import atomic_open
 
-COMMANDS = ("train", "enjoy", "evaluate", "plot", "benchmark")
+COMMANDS = ("train", "enjoy", "evaluate", "export", "plot", "benchmark")
 BENCHMARKS = ("learn", "throughput", "cartpole_throughput", "atari_learning", "doom_learning", "memory_tasks",
               "multiagent", "continuous_control", "soak")
 SCRIPTS = {"learn": "learning_suite"}  # benchmark names that are not their script's
@@ -319,6 +320,16 @@ def cmd_evaluate(args: dict) -> None:
     print(json.dumps(result))
 
 
+def cmd_export(args: dict) -> None:
+    run = RunDir(args["train_dir"], args["experiment"])
+    checkpoint = args["checkpoint"] or run.require_checkpoint()
+    model = _load(run, checkpoint)
+    out = args["out"] or os.path.join(run.path, "policy.onnx")
+    fmt = model.export(out, format=args["format"], policy_id=args["policy_id"])
+    print(json.dumps(dict(path=out, format=fmt, checkpoint=os.path.relpath(checkpoint, run.path),
+                          env_steps=model.num_timesteps)))
+
+
 # --- plot -----------------------------------------------------------------------------------
 def cmd_plot(args: dict) -> None:
     import csv
@@ -413,6 +424,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the latest)")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--stochastic", action="store_true", help="sampled actions (default: greedy)")
+    p = sub.add_parser("export", allow_abbrev=False,
+                       help="write the deterministic policy as ONNX or TorchScript, for deployment")
+    _experiment_flags(p)
+    p.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the latest)")
+    p.add_argument("--out", default=None, help="the file: *.onnx (ONNX) or *.pt (TorchScript); "
+                   "default RUN_DIR/policy.onnx")
+    p.add_argument("--format", choices=("onnx", "torchscript"), default=None,
+                   help="instead of the file's extension")
+    p.add_argument("--policy_id", default=None, help="a multi-agent model's policy (default: the "
+                   "first trained)")
     p = sub.add_parser("plot", allow_abbrev=False, help="learning curves of run directories to a PNG")
     p.add_argument("runs", nargs="+", help="run directories (or their progress.csv)")
     p.add_argument("--out", default="curves.png")

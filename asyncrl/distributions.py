@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from .config import ConfigError
 
+TORCH_FLOATS = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+                np.dtype(np.float64): torch.float64}
 MASKED_LOGIT = -1e8  # not -inf: 0 * -inf is NaN in the entropy
 LOG_2PI = math.log(2 * math.pi)
 
@@ -53,6 +55,12 @@ class ActionDistribution(nn.Module):
         """Stored actions of several envs [E, action_size] -> what each env.step takes."""
         raise NotImplementedError
 
+    def mode_env(self, params: torch.Tensor, mask: Optional[torch.Tensor]) -> List[torch.Tensor]:
+        """The deterministic actions of ``params`` [N, P] in the env's format, in torch alone
+        (what an exported policy computes): one [N, *shape] tensor per action leaf, the dtype
+        ``to_env`` gives; the same actions as ``sample(deterministic=True)`` then ``to_env``."""
+        raise NotImplementedError
+
 
 class Categorical(ActionDistribution):
     def __init__(self, n: int, start: int = 0):
@@ -78,6 +86,9 @@ class Categorical(ActionDistribution):
 
     def to_env(self, actions):
         return (actions[:, 0] + self.start).tolist() if self.start else actions[:, 0].tolist()
+
+    def mode_env(self, params, mask):
+        return [self._log_probs(params, mask).argmax(dim=-1) + self.start]
 
 
 class MultiCategorical(ActionDistribution):
@@ -113,6 +124,14 @@ class MultiCategorical(ActionDistribution):
         a = actions if self.start is None else actions + self.start
         return list(a.reshape(len(actions), *self.nvec_shape))
 
+    def mode_env(self, params, mask):
+        a = torch.stack([p.mode_env(x, m)[0] for p, x, m in self._split(params, mask)], -1)
+        if self.binary_shape is not None:
+            return [a.to(torch.int8).reshape(-1, *self.binary_shape)]
+        if self.start is not None:
+            a = a + torch.as_tensor(self.start)
+        return [a.reshape(-1, *self.nvec_shape)]
+
 
 class DiagGaussian(ActionDistribution):
     def __init__(self, space: gym.spaces.Box, log_std_init: float = 0.0):
@@ -145,6 +164,12 @@ class DiagGaussian(ActionDistribution):
         if self.low is not None:
             actions = np.clip(actions, self.low, self.high)
         return list(actions.astype(self.dtype, copy=False).reshape(len(actions), *self.shape))
+
+    def mode_env(self, params, mask):
+        a = params
+        if self.low is not None:  # (an infinite bound of a half-bounded Box clips nothing)
+            a = torch.minimum(torch.maximum(a, torch.as_tensor(self.low)), torch.as_tensor(self.high))
+        return [a.to(TORCH_FLOATS[np.dtype(self.dtype)]).reshape(-1, *self.shape)]
 
 
 class Composite(ActionDistribution):
@@ -189,6 +214,13 @@ class Composite(ActionDistribution):
         if self.keys is None:
             return [tuple(a) for a in zip(*per_part)]
         return [dict(zip(self.keys, a)) for a in zip(*per_part)]
+
+    def mode_env(self, params, mask):
+        return [a for p, x, _, m in self._split(params, None, mask) for a in p.mode_env(x, m)]
+
+    def leaf_names(self) -> List[str]:
+        """The parts' names: the Dict's keys, or the Tuple's indices."""
+        return list(self.keys) if self.keys is not None else [str(i) for i in range(len(self.parts))]
 
 
 def mask_sizes(dist: ActionDistribution) -> List[int]:

@@ -69,6 +69,19 @@ def test_evaluate_prints_and_writes_json(run):
     assert json.loads((run["dir"] / "evaluation.json").read_text()) == result
 
 
+def test_export_writes_a_policy_that_acts_as_the_checkpoint(run):
+    import onnxruntime
+    from asyncrl import APPO
+    out = asyncrl("export", "--experiment", "cp", cwd=run["cwd"])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["format"] == "onnx" and result["env_steps"] == 4096
+    session = onnxruntime.InferenceSession(str(run["cwd"] / result["path"]))
+    model = APPO.load(run["dir"] / result["checkpoint"], device="cpu")
+    obs = np.random.default_rng(0).normal(size=(100, 4)).astype(np.float32)
+    want, _ = model.predict(obs, deterministic=True)
+    assert (session.run(None, {"obs": obs})[0] == want).all()
+
+
 def test_enjoy_writes_a_video_that_decodes(run):
     iio = pytest.importorskip("imageio.v3")
     out = asyncrl("enjoy", "--experiment", "cp", "--max_episodes", "2", "--save_video",
@@ -109,6 +122,7 @@ def test_yaml_hyperparameters_per_env(tmp_path):
     (["train", "--experiment", "z"], "new experiment: give --env"),
     (["evaluate", "--experiment", "nothing"], "no checkpoint in"),
     (["plot", "no/such/dir"], "no progress.csv"),
+    (["export", "--experiment", "nothing"], "no checkpoint in"),
     (["--learning_rat", "1e-3"], "unrecognized arguments: --learning_rat"),
 ])
 def test_errors_name_the_flag_and_exit_2(tmp_path, args, message):
@@ -121,8 +135,8 @@ def test_help_at_every_level(tmp_path, capsys):
     """The top level through the installed entry (a subprocess); each command's help through
     the same main() in this process (a subprocess each cost ~2 s of the suite)."""
     from asyncrl.cli import main
-    assert "train,enjoy,evaluate,plot,benchmark" in asyncrl("--help", cwd=tmp_path).stdout
-    for command in ("train", "enjoy", "evaluate", "plot", "benchmark"):
+    assert "train,enjoy,evaluate,export,plot,benchmark" in asyncrl("--help", cwd=tmp_path).stdout
+    for command in ("train", "enjoy", "evaluate", "export", "plot", "benchmark"):
         with pytest.raises(SystemExit) as exit_:
             main([command, "--help"])
         out = capsys.readouterr().out
