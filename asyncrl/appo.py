@@ -59,8 +59,9 @@ class APPO(Parameters):
     ``train()``/``learn()`` call and stay, paused, between calls; :meth:`close` (or the ``with``
     block, garbage collection, interpreter exit) stops them.
 
-    :param env: a Gymnasium id (e.g. ``"CartPole-v1"``) or a picklable zero-argument function
-        returning a ``gymnasium.Env``.
+    :param env: a Gymnasium id (e.g. ``"CartPole-v1"``) or a zero-argument function returning a
+        ``gymnasium.Env`` (pickled with cloudpickle for the workers: by value where they cannot
+        import it, as from a notebook, a lambda or a closure).
     :param env_kwargs: keyword arguments for ``gymnasium.make`` when ``env`` is an id.
     :param policy_kwargs: the model, in Stable-Baselines3's spelling: ``net_arch`` (a list, or
         ``dict(pi=[...], vf=[...])``), ``activation_fn``, ``features_extractor_class`` (+

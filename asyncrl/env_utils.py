@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import pickle
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
 
+from . import pickling
 from .config import ConfigError
 from .distributions import make_distribution
 from .multiagent import DEFAULT_POLICY, AgentLayout, agents_of, build_layout, is_parallel_env
@@ -55,13 +55,7 @@ def make_env_factory(env: Union[str, Callable[[], gym.Env]], env_kwargs: dict = 
         raise ConfigError(f"env={env!r}: expected a Gymnasium id (str) or a zero-argument factory")
     if env_kwargs:
         raise ConfigError("env_kwargs only applies to a Gymnasium id; bind arguments into the factory")
-    try:
-        pickle.dumps(env)
-    except Exception as e:
-        raise ConfigError(
-            f"env factory {env!r} cannot be pickled ({type(e).__name__}: {e}); worker processes are "
-            "started with spawn and must receive it. Define it at module level (not a lambda or a "
-            "nested function), or use functools.partial.") from e
+    pickling.dumps(env, "env factory")  # fails here, naming it, not in the workers
     return env
 
 

@@ -19,6 +19,7 @@ values [N])`` from SB3-preprocessed observations; the distribution and normalise
 from __future__ import annotations
 
 import numbers
+import pickle
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import gymnasium as gym
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
 from .encoders import (RunningNorm, init_layer, image_encoder, mlp, normalized_keys, flat_width,
@@ -39,10 +41,20 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 class PolicySpec(NamedTuple):
-    """Everything a process needs to build the same model (picklable)."""
+    """Everything a process needs to build the same model (picklable: the user's classes in
+    ``policy`` and ``policy_kwargs`` by value where the workers cannot import them, e.g. from a
+    notebook)."""
     env: EnvSpec
     policy: Optional[type] = None   # a whole custom network (see the module docstring)
     policy_kwargs: Optional[dict] = None
+
+    def __reduce__(self):
+        return (_policy_spec, (self.env, pickling.dumps(self.policy, "policy"),
+                               pickling.dumps(self.policy_kwargs, "policy_kwargs")))
+
+
+def _policy_spec(env: EnvSpec, policy: bytes, policy_kwargs: bytes) -> PolicySpec:
+    return PolicySpec(env, pickling.loads(policy), pickling.loads(policy_kwargs))
 
 
 class ActorCritic(nn.Module):
@@ -341,7 +353,9 @@ def check_policy_kwargs(kw: dict, custom_policy: bool) -> dict:
 
 def build_checked(spec: PolicySpec, cfg: Config) -> ActorCritic:
     """Build the model in the main process and run it on two sampled observations, so that a
-    custom extractor or network that does not fit fails here, naming what is wrong."""
+    custom extractor or network that does not fit (or that the workers could not receive) fails
+    here, naming what is wrong."""
+    pickle.dumps(spec)  # ConfigError naming policy or policy_kwargs if even cloudpickle fails
     try:
         model = ActorCritic(spec, cfg)
     except ConfigError:

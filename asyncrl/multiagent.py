@@ -22,10 +22,10 @@ import inspect
 import traceback
 from typing import Any, Callable, Dict, List, Optional
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 
+from . import pickling
 from .config import ConfigError
 from .messages import MAX_TRAINED_POLICIES
 
@@ -54,15 +54,6 @@ def _arity(fn: Callable) -> int:
                       "fn(agent_id, episode_idx)")
 
 
-def _pickled(fn: Callable, what: str) -> bytes:
-    try:
-        return cloudpickle.dumps(fn)
-    except Exception as e:
-        raise ConfigError(f"{what} {fn!r} cannot be pickled with cloudpickle ({type(e).__name__}: "
-                          f"{e}); worker processes must receive it: avoid capturing open files, "
-                          "locks or envs in it") from e
-
-
 class AgentLayout:
     """What the engine knows of a multi-agent env's agents, checked in the main process and
     pickled to every rollout worker: the trained policies' ids (``trained``, in the order of
@@ -79,9 +70,9 @@ class AgentLayout:
         self.lanes = {pid: 1 for pid in self.trained}  # set by build_layout
         self.frozen = list(frozen or [])
         self.policy_ids = [*self.trained, *self.frozen, *rule_based]
-        self._rule_based = {pid: _pickled(fn, f"rule-based policy {pid!r}")
+        self._rule_based = {pid: pickling.dumps(fn, f"rule-based policy {pid!r}")
                             for pid, fn in rule_based.items()}
-        self._mapping = None if mapping is None else _pickled(mapping, "policy_mapping")
+        self._mapping = None if mapping is None else pickling.dumps(mapping, "policy_mapping")
         self.arity = 1 if mapping is None else _arity(mapping)
         self.unpickle()
 
@@ -93,8 +84,8 @@ class AgentLayout:
         self.unpickle()
 
     def unpickle(self) -> None:
-        self.rule_based = {pid: cloudpickle.loads(b) for pid, b in self._rule_based.items()}
-        self.mapping = None if self._mapping is None else cloudpickle.loads(self._mapping)
+        self.rule_based = {pid: pickling.loads(b) for pid, b in self._rule_based.items()}
+        self.mapping = None if self._mapping is None else pickling.loads(self._mapping)
 
     def policy_of(self, agent: str, episode_idx: int) -> str:
         """The policy ``agent`` plays in episode ``episode_idx``; a failing mapping or an

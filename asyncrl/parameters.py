@@ -9,9 +9,9 @@ import os
 import pathlib
 from typing import Any, Dict, Optional, Union
 
-import cloudpickle
 import torch
 
+from . import pickling
 from .fileio import atomic_torch_save
 from .learner import rng_path
 from .trainee import Trainee
@@ -148,9 +148,11 @@ class Parameters:
                                          f"to {path}")
         first = trained[self.policy_id]
         blob = {**first, "trained": trained, "config": self.config.__dict__.copy(),
-                "env_factory": self.env_factory, "num_graphs": self._num_graphs,
-                "policy_class": self.policy_spec.policy, "policy_kwargs": self.policy_spec.policy_kwargs,
-                "policies": _cloudpickled(self.policies), "policy_mapping": _cloudpickled(self.policy_mapping),
+                # the user's code by value where needed: a file saved from a notebook loads elsewhere
+                "env_factory": pickling.saved(self.env_factory), "num_graphs": self._num_graphs,
+                "policy_class": pickling.saved(self.policy_spec.policy),
+                "policy_kwargs": pickling.saved(self.policy_spec.policy_kwargs),
+                "policies": pickling.saved(self.policies), "policy_mapping": pickling.saved(self.policy_mapping),
                 "frozen": {pid: m.state_dict() for pid, m in self.frozen.items()}}
         atomic_torch_save(blob, path)
 
@@ -178,21 +180,22 @@ class Parameters:
         fields."""
         try:
             blob = torch.load(path, map_location="cpu", weights_only=False)
+            factory = env if env is not None else pickling.restored(blob["env_factory"])
         except (AttributeError, ModuleNotFoundError) as e:
-            raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); it was "
-                               "probably defined in a script's __main__: pass env=... to load()") from e
+            raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); its "
+                               "module cannot be imported here: pass env=... to load()") from e
         policies = overrides.pop("policies", None)
         if policies is None:  # as saved, each trained policy's settings as they were then
-            policies = _uncloudpickled(blob.get("policies"))
+            policies = pickling.restored(blob.get("policies"))
             for pid, entry in (blob.get("trained") or {}).items():
                 if entry.get("fields"):  # several trained: their own values (and what they implied)
                     policies[pid] = {**entry["fields"], **(policies[pid] or {})}
-        model = cls(env if env is not None else blob["env_factory"],
-                    policy=overrides.pop("policy", blob.get("policy_class")),
-                    policy_kwargs=overrides.pop("policy_kwargs", blob.get("policy_kwargs")),
+        model = cls(factory,
+                    policy=overrides.pop("policy", pickling.restored(blob.get("policy_class"))),
+                    policy_kwargs=overrides.pop("policy_kwargs", pickling.restored(blob.get("policy_kwargs"))),
                     policies=policies,
                     policy_mapping=overrides.pop("policy_mapping",
-                                                 _uncloudpickled(blob.get("policy_mapping"))),
+                                                 pickling.restored(blob.get("policy_mapping"))),
                     **{**blob["config"], "device": device, **overrides})
         entries = blob.get("trained") or {model.policy_id: blob}  # older files: one, top level
         for pid, entry in entries.items():
@@ -226,13 +229,3 @@ def _check_state_dict(model: torch.nn.Module, state: dict, exact_match: bool) ->
     if problems:
         raise ValueError("parameters do not fit this model (" + ", ".join(problems) + "); "
                          "they must come from a model with the same env spaces and hidden_sizes")
-
-
-
-
-def _cloudpickled(value: Any) -> Optional[bytes]:
-    return None if value is None else cloudpickle.dumps(value)
-
-
-def _uncloudpickled(blob: Optional[bytes]) -> Any:
-    return None if blob is None else cloudpickle.loads(blob)

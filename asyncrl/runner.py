@@ -15,7 +15,6 @@ with one trained policy the names are those above, with several ``policy-<id>-p`
 from __future__ import annotations
 
 import os
-import pickle
 import queue
 import threading
 import time
@@ -27,7 +26,7 @@ import torch
 import torch.multiprocessing as mp
 from multiprocessing import util as mp_util
 
-from . import ipc
+from . import ipc, pickling
 from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
                       TrajectoryBuffers, buffer_spec)
 from .config import Config
@@ -260,7 +259,7 @@ class Runner:
         they are given."""
         pools = [part.pool() for part in self.parts]
         out = [(f"rollout-{i}", Make(RolloutWorker, cfg=self.cfg, worker_idx=i, pools=pools,
-                                     env_factory=pickle.dumps(self.env_factory), ctl=self.ctl,
+                                     env_factory=pickling.dumps(self.env_factory, "env factory"), ctl=self.ctl,
                                      queues=self.queues, agents=self.agents, serial=serial,
                                      frozen={pid: (self.frozen_specs[pid], w)
                                              for pid, (_, w) in self.frozen.items()}))

@@ -151,8 +151,11 @@ def test_env_instance_rejected():
 
 
 def test_unpicklable_factory_rejected():
-    with pytest.raises(ConfigError, match=r"cannot be pickled.*(lambda|module level)"):
-        make(lambda: gym.make("CartPole-v1"))
+    """A lambda is pickled by value; one that captures a lock cannot be pickled at all."""
+    import threading
+    make(lambda: gym.make("CartPole-v1"))
+    with pytest.raises(ConfigError, match=r"env factory .* cannot be pickled, not even by value.*locks"):
+        make(lambda lock=threading.Lock(): gym.make("CartPole-v1"))
 
 
 def test_box_action_space_gets_the_continuous_defaults_and_keywords_win():
