@@ -32,12 +32,14 @@ setup(
         # model.export / asyncrl export to ONNX (TorchScript needs nothing more)
         "export": ["onnx>=1.16", "onnxscript>=0.3", "onnxruntime>=1.17"],
         "notebook": ["ipykernel>=6.0", "ipywidgets>=8.0"],  # tqdm.auto's bar as a widget
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25"],  # mkdocs serve
         # asyncrl enjoy --save_video (pygame renders gymnasium's classic-control envs)
         "video": ["imageio>=2.20", "imageio-ffmpeg>=0.4", "pygame>=2.1"],
         "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5",
                   "stable-baselines3>=2.3", "ray>=2.9", "matplotlib>=3.5", "imageio>=2.20",
                   "imageio-ffmpeg>=0.4", "pygame>=2.1", "hypothesis>=6", "vizdoom>=1.2",
                   "pettingzoo>=1.24", "onnx>=1.16", "onnxscript>=0.3", "onnxruntime>=1.17",
-                  "nbclient>=0.7", "nbformat>=5.7", "ipykernel>=6.0"],
+                  "nbclient>=0.7", "nbformat>=5.7", "ipykernel>=6.0", "mkdocs>=1.6",
+                  "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25"],
     },
 )

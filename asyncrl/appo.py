@@ -351,6 +351,13 @@ class APPO(Parameters):
             env.close()
         return float(np.mean(returns)), float(np.std(returns))
 
+    def plot(self):
+        """A matplotlib Figure of this model's learning curves so far (mean episode return and
+        env steps/s against env steps, one point per console summary, all ``train()`` calls);
+        shown inline as a notebook cell's value, or ``model.plot().savefig("curves.png")``."""
+        from .plotting import curves_figure
+        return curves_figure({self.policy_id: self.logger.history})
+
     def export(self, path, format: Optional[str] = None, policy_id: Optional[str] = None) -> str:
         """Write the deterministic policy for deployment: ONNX (``.onnx``; run it with
         onnxruntime, ``pip install 'asyncrl[export]'``) or TorchScript (``.pt``; ``torch.jit.load``

@@ -333,29 +333,15 @@ def cmd_export(args: dict) -> None:
 # --- plot -----------------------------------------------------------------------------------
 def cmd_plot(args: dict) -> None:
     import csv
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise ConfigError("asyncrl plot needs matplotlib: pip install 'asyncrl[bench]'") from e
-    fig, (ax_ret, ax_fps) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    from .plotting import curves_figure
+    runs = {}
     for run_dir in args["runs"]:
         path = os.path.join(run_dir, "progress.csv") if os.path.isdir(run_dir) else run_dir
         if not os.path.exists(path):
             raise ConfigError(f"{run_dir}: no progress.csv (is it a run directory of asyncrl train?)")
         with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        label = os.path.basename(os.path.normpath(run_dir))
-        for ax, key in ((ax_ret, "rollout/ep_rew_mean"), (ax_fps, "time/fps")):
-            pts = [(float(r["time/total_timesteps"]), float(r[key])) for r in rows if r.get(key)]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label)
-    ax_ret.set_ylabel("mean episode return")
-    ax_fps.set_ylabel("env steps / s")
-    ax_fps.set_xlabel("env steps")
-    ax_ret.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(args["out"])
+            runs[os.path.basename(os.path.normpath(run_dir))] = list(csv.DictReader(f))
+    curves_figure(runs).savefig(args["out"])
     print(f"wrote {args['out']}")
 
 

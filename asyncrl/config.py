@@ -318,7 +318,7 @@ def _valid_device(device: str) -> bool:
 # Atari (ALE ids): CleanRL's ppo_atari / Sample Factory's Atari settings, adapted to V-trace.
 # Applied automatically for ALE ids; every field stays overridable by a keyword argument. Rewards
 # clipped to +-1 keep returns near unit scale: return normalisation stays off, as when Pong's
-# +18 was measured (README, Atari).
+# +18 was measured (docs/guides/atari.md).
 ATARI_DEFAULTS = dict(rollout=128, learning_rate=2.5e-4, gamma=0.99, vtrace_lambda=0.95,
                       clip_coef=0.1, ent_coef=0.01, minibatch_size=256, num_epochs=4,
                       reward_clip=1.0, learner_threads=2, normalize_returns=False)
@@ -331,7 +331,7 @@ ATARI_CPU_DEFAULTS = dict(algo="ppo", rollout=64)
 # While they sample, synchronously, the rollout and policy workers have the cores to themselves:
 # with two cores, one rollout worker of 16 envs and the policy worker take one each, where two
 # rollout workers of 8 and the policy worker preempt one another (Pong, 2 cores, side by side:
-# see README). The same algorithm, 16 envs and batch. With more cores, 2 x 8.
+# see docs/guides/atari.md). The same algorithm, 16 envs and batch. With more cores, 2 x 8.
 ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 
 
@@ -356,7 +356,7 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # entropy bonus, 10 epochs (their gamma 0.99, lambda 0.95 and return normalisation are every
 # env's defaults now). Asynchronous (APPO, V-trace) with
 # minibatches of 512 rather than their synchronous PPO: on two cores it trained faster and learned
-# as well or better (README, "Continuous control").
+# as well or better (docs/benchmarks/measured.md, "Continuous control").
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=512,
                            normalize_obs=True)

@@ -44,6 +44,7 @@ class TrainLogger:
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
         self.write = functools.partial(print, flush=True)  # a progress bar swaps in its own
         self.csv_path, self.csv_rows, self.csv_columns = None, [], []
+        self.history: list = []  # every summary's row (as progress.csv's), for model.plot()
         self.start_time = time.time()
         self.writer = None
         if tensorboard_dir is not None:
@@ -158,10 +159,12 @@ class TrainLogger:
                 if not math.isnan(v):
                     self.writer.add_scalar(k, v, trained_env_steps)
             self.writer.flush()
+        row = {"time/total_timesteps": trained_env_steps,
+               "time/time_elapsed": round(time.time() - self.start_time, 2),
+               **{k: v for k, v in scalars.items() if not math.isnan(v)}}
+        self.history.append(row)
         if self.csv_path is not None:
-            self._write_csv({"time/total_timesteps": trained_env_steps,
-                             "time/time_elapsed": round(time.time() - self.start_time, 2),
-                             **{k: v for k, v in scalars.items() if not math.isnan(v)}})
+            self._write_csv(row)
         self.train_sums, self.num_updates = defaultdict(float), defaultdict(int)
         self.timings_logged = dict(self.timings)
         self.recorded = {}

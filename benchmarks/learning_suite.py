@@ -13,7 +13,7 @@ env steps. Both log the training return (mean of the last 100 episodes) against 
 wall time from the constructor's call (start-up included), and end with a greedy evaluation
 (20 episodes; more where ``Case.eval_episodes`` says). Runs are stored one file each under
 ``benchmarks/results/learning_suite/`` (``<lib>_<env>_<steps>_<seed>.json``); SB3's are slow on
-2 cores and reused unless ``--rerun_sb3``. ``--report`` writes ``learning_suite.md`` (the README's
+2 cores and reused unless ``--rerun_sb3``. ``--report`` writes ``learning_suite.md`` (the docs'
 table: final greedy score, median and range over seeds; env steps and wall time to the target,
 median over the seeds that reached it, and how many did; asyncrl's median wall time to the
 target over SB3's) and ``learning_suite.png`` (curves against env steps and wall time).
@@ -198,7 +198,7 @@ def spread(values: List[float], fmt: str) -> str:
 
 
 def summarise(runs: List[dict], libs: List[str]) -> str:
-    """The README's table: per env and library, the greedy score (median, range), env steps and
+    """The docs' table: per env and library, the greedy score (median, range), env steps and
     wall time to the target (median over the seeds that reached it, how many did), steady
     training rate."""
     rows = ["| env | steps | target | library | seeds | greedy score, median (range) | reached target | "
