@@ -14,6 +14,7 @@ from .messages import Report, ReportKind
 from .timing import summarize
 
 FPS_WINDOWS = (10, 60, 300)
+HISTORY_ROWS = 4096  # summaries kept for model.plot() (~1 MiB); thinned beyond
 
 
 def next_run_dir(root: str, prefix: str = "APPO") -> str:
@@ -44,7 +45,7 @@ class TrainLogger:
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
         self.write = functools.partial(print, flush=True)  # a progress bar swaps in its own
         self.csv_path, self.csv_rows, self.csv_columns = None, [], []
-        self.history: list = []  # every summary's row (as progress.csv's), for model.plot()
+        self.history: list = []  # summaries' rows (as progress.csv's), for model.plot()
         self.start_time = time.time()
         self.writer = None
         if tensorboard_dir is not None:
@@ -163,6 +164,8 @@ class TrainLogger:
                "time/time_elapsed": round(time.time() - self.start_time, 2),
                **{k: v for k, v in scalars.items() if not math.isnan(v)}}
         self.history.append(row)
+        if len(self.history) > HISTORY_ROWS:  # a long run: the whole span at half the resolution
+            self.history = self.history[::2]
         if self.csv_path is not None:
             self._write_csv(row)
         self.train_sums, self.num_updates = defaultdict(float), defaultdict(int)

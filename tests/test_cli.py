@@ -183,3 +183,17 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code):
     again = asyncrl("train", "--experiment", "c", "--steps", str(steps + 128), cwd=tmp_path)
     assert f"({steps:,} env steps)" in again.stdout
     assert f"to {steps + 128:,} env steps" in again.stdout
+
+
+def test_model_plot_keeps_the_whole_run_at_bounded_memory():
+    """model.plot()'s rows: one per summary, the whole run kept, thinned to half the resolution
+    past HISTORY_ROWS (a long run does not grow without bound)."""
+    from asyncrl.logger import HISTORY_ROWS, TrainLogger
+    from asyncrl.plotting import curves_figure
+    logger = TrainLogger(verbose=0, log_interval=0.0, stats_window=10)
+    for step in range(HISTORY_ROWS + 1):
+        logger.maybe_log(step, force=True)
+    steps = [row["time/total_timesteps"] for row in logger.history]
+    assert len(steps) <= HISTORY_ROWS and steps[0] == 0 and steps[-1] == HISTORY_ROWS
+    fig = curves_figure({"run": logger.history})
+    assert fig._repr_png_().startswith(b"\x89PNG")

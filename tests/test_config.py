@@ -213,3 +213,38 @@ def test_channel_last_images_accepted():
     model = make(custom_envs.channel_last_image_env, cnn="tiny")
     action, _ = model.predict(model.observation_space.sample())
     assert 0 <= int(action) < 3
+
+
+@pytest.mark.timeout(120)
+def test_classes_defined_in_a_function_reach_the_workers():
+    """An env class, its factory (a lambda) and an SB3-style extractor class made inside a
+    function cannot be imported by the spawned workers: they are pickled by value and train."""
+    from torch import nn
+
+    class LocalEnv(gym.Env):
+        observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.zeros(3, np.float32), float(action), False, self.t >= 8, {}
+
+    class LocalExtractor(nn.Module):
+        def __init__(self, observation_space, features_dim=8):
+            super().__init__()
+            self.features_dim = features_dim
+            self.net = nn.Sequential(nn.Linear(3, features_dim), nn.Tanh())
+
+        def forward(self, obs):
+            return self.net(obs)
+
+    with APPO(lambda: LocalEnv(), policy_kwargs=dict(features_extractor_class=LocalExtractor),
+              num_workers=2, num_envs_per_worker=2, rollout=16, batch_size=64,
+              minibatch_size=32, device="cpu", verbose=0, seed=0) as model:
+        model.train(2000)
+        assert model.num_timesteps >= 2000
