@@ -87,9 +87,10 @@ class APPO(Parameters):
         ``clip_coef``, ``vf_coef``, ``max_grad_norm``, ``vtrace_lambda``) may also be schedules,
         functions of SB3's ``progress_remaining`` (1 at the start of a call, 0 at its end).
 
-    The same fields are plain attributes (``model.learning_rate = 1e-4``; ``clip_range`` and
-    ``lr_schedule`` are SB3's names for ``clip_coef`` and ``learning_rate``): a new value reaches
-    the running learner at the next ``train()`` call, without a restart.
+    The same fields are attributes (``model.learning_rate = 1e-4``; ``clip_range`` and
+    ``lr_schedule`` are SB3's names for ``clip_coef`` and ``learning_rate``): a new value is
+    checked at once (``model.config`` shows it; a bad one raises ConfigError and is not kept) and
+    reaches the running learner at the next ``train()`` call, without a restart.
     """
 
     def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None,
@@ -120,6 +121,7 @@ class APPO(Parameters):
         self.config = Config.from_kwargs(defaults(kwargs, not make_distribution(self.action_space).discrete))
         if self.config.seed is None:
             self.config = self.config.replace(seed=random.randrange(2 ** 31))
+        self._hparams_set: Dict[str, Any] = {}
         for name in MUTABLE_HPARAMS:
             setattr(self, name, schedules.get(name, getattr(self.config, name)))
         self.device = resolve_device(self.config.device)
@@ -444,6 +446,24 @@ class APPO(Parameters):
         self.close()
         self._finalizer()
 
+
+
+def _hparam_attribute(name: str) -> property:
+    """A mutable hyper-parameter of APPO: reads what was set (number or schedule); a new value is
+    validated into ``config`` (a schedule's value at progress_remaining=1) before it is kept."""
+    def get(self):
+        return self._hparams_set[name]
+
+    def set_(self, value):
+        self.config = self.config.replace(**{name: _schedule_value(name, value, 1.0)})
+        self._hparams_set[name] = value
+    return property(get, set_, doc=f"``{name}``: a number or a schedule (see the class docstring)")
+
+
+# The MUTABLE_HPARAMS: what was set (a number or a schedule), its value checked into ``config``
+# at once, so that ``model.config`` is always current and a bad value raises where it is set.
+for _name in MUTABLE_HPARAMS:
+    setattr(APPO, _name, _hparam_attribute(_name))
 
 
 def _schedule_value(name: str, value: Any, progress_remaining: float) -> Any:

@@ -248,3 +248,20 @@ def test_classes_defined_in_a_function_reach_the_workers():
               minibatch_size=32, device="cpu", verbose=0, seed=0) as model:
         model.train(2000)
         assert model.num_timesteps >= 2000
+
+
+def test_hyperparameter_attributes_update_the_config_at_once():
+    """model.learning_rate = x shows in model.config at once (not at the next train()); a bad
+    value raises where it is set and is not kept; a schedule stays what was set, its value at
+    the start in the config."""
+    model = make("CartPole-v1")
+    model.learning_rate = 1e-4
+    assert model.config.learning_rate == 1e-4
+    with pytest.raises(ConfigError, match="learning_rate=-1"):
+        model.learning_rate = -1
+    assert model.learning_rate == 1e-4 and model.config.learning_rate == 1e-4
+    model.clip_range = 0.3  # SB3's name
+    assert model.clip_coef == 0.3 and model.config.clip_coef == 0.3
+    schedule = lambda progress: 3e-4 * progress  # noqa: E731
+    model.learning_rate = schedule
+    assert model.learning_rate is schedule and model.config.learning_rate == 3e-4
