@@ -27,7 +27,6 @@ from typing import List, Optional
 from .config import ENGINE_SET, Config, ConfigError
 from .fileio import atomic_open
 
-COMMANDS = ("train", "enjoy", "evaluate", "export", "plot", "benchmark")
 BENCHMARKS = ("learn", "throughput", "cartpole_throughput", "atari_learning", "doom_learning", "memory_tasks",
               "multiagent", "continuous_control", "soak")
 SCRIPTS = {"learn": "learning_suite"}  # benchmark names that are not their script's
@@ -374,6 +373,12 @@ def cmd_quick(args: dict) -> None:
             print(f"saved to {save}")
 
 
+# Each command's handler, in --help's order; "quick" is the bare ``python -m asyncrl``
+HANDLERS = {"train": cmd_train, "enjoy": cmd_enjoy, "evaluate": cmd_evaluate, "export": cmd_export,
+            "plot": cmd_plot, "benchmark": cmd_benchmark, "quick": cmd_quick}
+COMMANDS = tuple(name for name in HANDLERS if name != "quick")
+
+
 def _experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", required=True, help="experiment name (its run directory)")
     p.add_argument("--train_dir", default="train_dir", help="where run directories live")
@@ -450,7 +455,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     else:
         ap = build_quick_parser()
         args = dict(vars(ap.parse_args(argv)), command="quick")
-    handler = globals()["cmd_" + (args.pop("command") or "quick")]
+    handler = HANDLERS[args.pop("command") or "quick"]
     from gymnasium.error import DependencyNotInstalled
     try:
         handler(args)

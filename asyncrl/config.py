@@ -233,7 +233,7 @@ class Config:
             check(is_int(getattr(self, name)) and getattr(self, name) >= 0, name,
                   "must be an integer >= 0")
         check(self.algo in ALGOS, "algo", f"must be one of {ALGOS}")
-        check(isinstance(self.device, str) and _valid_device(self.device), "device",
+        check(isinstance(self.device, str) and valid_device(self.device), "device",
               f"must be {DEVICES_HINT}")
         check(self.seed is None or is_int(self.seed), "seed", "must be an integer or None")
         check(is_int(self.verbose) and self.verbose in (0, 1, 2), "verbose", "must be 0, 1 or 2")
@@ -308,7 +308,7 @@ class Config:
         return "\n".join(rows)
 
 
-def _valid_device(device: str) -> bool:
+def valid_device(device: str) -> bool:
     if device in ("cpu", "cuda", "auto"):
         return True
     prefix, _, idx = device.partition(":")

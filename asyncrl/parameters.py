@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from . import pickling
+from .config import DEVICES_HINT, valid_device
 from .fileio import atomic_torch_save
 from .learner import rng_path
 from .trainee import Trainee
@@ -43,7 +44,14 @@ class Parameters:
         collected before are from another policy and are not trained on.
 
         A frozen policy's weights (``{"opp": state_dict or path}``; no optimizer) reach the
-        rollout workers at the next ``train()``; the trained policies' samples stay valid."""
+        rollout workers at the next ``train()``; the trained policies' samples stay valid.
+
+        ``device`` is SB3's argument, checked and otherwise without effect: this process holds
+        every policy on the CPU, and the learners and policy workers copy the weights to
+        ``config.device`` themselves (pass ``device`` to the constructor or ``load`` instead)."""
+        if not (isinstance(device, (str, torch.device)) and valid_device(str(device))):
+            raise ValueError(f"device={device!r}: must be {DEVICES_HINT} (it has no effect here: "
+                             "the weights are held on the CPU and each process moves them)")
         if self._training:
             raise RuntimeError("set_parameters() inside a training callback would be overwritten "
                                "by the learner's next weights: return False from the callback "

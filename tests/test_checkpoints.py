@@ -61,3 +61,14 @@ def test_parameters_set_after_the_with_block_train_on():
         assert adam_steps(model.get_parameters()["policy.optimizer"]) == 2 * STEPS_PER_UPDATE
     finally:
         model.close()
+
+
+def test_set_parameters_device_is_checked_not_ignored():
+    """SB3's device argument: the weights stay on the CPU here (each process moves them), so any
+    valid device loads the same; a typo raises instead of being ignored."""
+    model = APPO("CartPole-v1", device="cpu", verbose=0)
+    params = model.get_parameters()
+    model.set_parameters(params, device="cuda")  # valid, and without effect: no GPU needed
+    assert next(model.policy.parameters()).device.type == "cpu"
+    with pytest.raises(ValueError, match="device='gpu'"):
+        model.set_parameters(params, device="gpu")
