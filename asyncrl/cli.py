@@ -15,7 +15,6 @@ Every experiment lives in ``TRAIN_DIR/NAME`` (see :class:`RunDir`).
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import json
 import os
@@ -24,37 +23,13 @@ import sys
 import time
 from typing import List, Optional
 
-from .config import ENGINE_SET, Config, ConfigError
+from .config import Config, ConfigError
+from .flags import add_config_flags, config_flags, parse_value
 from .fileio import atomic_open
 
 BENCHMARKS = ("learn", "throughput", "cartpole_throughput", "atari_learning", "doom_learning", "memory_tasks",
               "multiagent", "continuous_control", "soak")
 SCRIPTS = {"learn": "learning_suite"}  # benchmark names that are not their script's
-
-
-def parse_value(text: str):
-    """A flag value as a Python literal when it is one (3, 2.5e-4, True, None, (64, 64)), else text."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text  # a plain string, e.g. --device cpu
-
-
-def add_config_flags(ap: argparse.ArgumentParser) -> None:
-    """Every Config field as ``--field value``, its documentation as help; unset ones are absent
-    from the parsed namespace."""
-    group = ap.add_argument_group("config fields (asyncrl.Config)")
-    for f in dataclasses.fields(Config):
-        if f.name in ENGINE_SET:
-            continue
-        group.add_argument(f"--{f.name}", type=parse_value, default=argparse.SUPPRESS,
-                           help=f"{f.metadata['doc']} (default: {f.default!r})")
-
-
-def config_flags(args: dict) -> dict:
-    """The Config fields among parsed arguments (those given on the command line)."""
-    names = {f.name for f in dataclasses.fields(Config)}
-    return {k: v for k, v in args.items() if k in names}
 
 
 class RunDir:

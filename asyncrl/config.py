@@ -50,8 +50,8 @@ class Config:
     sampler_nice: int = _f(
         0, "Niceness added to the rollout and policy worker processes (0-19). Where the learner "
         "shares the CPU with sampling and is the bottleneck (a CNN learning asynchronously on a "
-        "CPU), a positive value lets its threads run first and sampling fill the rest (Pong, 2 "
-        "cores: 10 gave 561 against 517 env steps/s, medians of 3).")
+        "CPU), a positive value lets its threads run first and sampling fill the rest "
+        "(measured: the Atari guide).")
     device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "

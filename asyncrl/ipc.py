@@ -89,15 +89,6 @@ def release_locks_of_dead(pid: int, queues: Iterable) -> List[int]:
     return freed
 
 
-def lock_and_die(q) -> None:
-    """Fault injection for tests: take ``q``'s lock and SIGKILL this process, as a kill inside
-    ``put``/``get`` would."""
-    q = getattr(q, "fifo", q)  # a BelledQueue's queue
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.pthread_mutex_lock(ctypes.c_void_p(_mutex_addr(q)))
-    os.kill(os.getpid(), 9)
-
-
 SLOTS_FREED = 255  # the byte that wakes a rollout worker waiting for a free slot (actions
                    # ready: 2 x trained policy + group, see messages.ready_code)
 

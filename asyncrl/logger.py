@@ -41,7 +41,7 @@ class TrainLogger:
         # policy's, "<id>/" for each other's (set by the Runner)
         self.learner_prefix: Dict[str, str] = {}
         self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
-        self.worker_restarts = 0  # rollout worker processes replaced after dying
+        self.worker_restarts = 0  # component processes (any kind) replaced after dying
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
         self.write = functools.partial(print, flush=True)  # a progress bar swaps in its own
         self.csv_path, self.csv_rows, self.csv_columns = None, [], []

@@ -1,9 +1,13 @@
 """The model contract and the built-in actor-critic.
 
-The engine relies on this and nothing more: ``ActorCritic(spec, cfg)`` has ``dist`` (its action
-distribution), ``prepare(obs)`` (the per-leaf conversion of stored observations, done once per
-learner batch: uint8 scaling, one-hot), ``forward(obs, prepared=False) -> (dist params [N, P],
-values [N])``, and ``update_normalizers(obs, returns, keep)``. Observations are dicts of leaf keys (see
+What the engine calls on ``ActorCritic(spec, cfg)`` (an nn.Module: ``parameters``,
+``state_dict``/``load_state_dict``, ``eval``): ``dist`` (its action distribution), ``prepare(obs)``
+(the per-leaf conversion of stored observations, done once per learner batch: uint8 scaling,
+one-hot), ``forward(obs, prepared=False, state=None, starts=None) -> (dist params [N, P], values
+[N][, next state])``, ``act`` (policy workers, ``predict``), ``evaluate`` (the learner's log-probs,
+entropies and values of stored actions), ``normalize_values``, ``update_normalizers(obs,
+returns, keep)``, ``fused_forward`` (the policy workers' inference), and ``core`` /
+``state_size`` (a recurrent model's state). Observations are dicts of leaf keys (see
 ``spaces``). Between the inputs and the heads sit encoders per key (a CNN per image, one-hot for
 Discrete/MultiDiscrete, the vectors concatenated), then SB3's ``net_arch`` MLPs for policy and
 value. Running observation and return normalisers are part of the model: their statistics are

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
 import torch
 
@@ -15,7 +15,9 @@ from . import pickling
 from .config import DEVICES_HINT, valid_device
 from .fileio import atomic_torch_save
 from .learner import rng_path
-from .trainee import Trainee
+
+if TYPE_CHECKING:  # a type hint only: no import at run time
+    from .trainee import Trainee
 
 OPTIMIZER_SUFFIX = ".optimizer"  # get_parameters(): {id: weights, id + ".optimizer": Adam's state}
 

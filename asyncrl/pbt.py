@@ -296,7 +296,7 @@ class PBT:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    from .cli import add_config_flags
+    from .flags import add_config_flags
     ap = argparse.ArgumentParser(prog="python -m asyncrl.pbt", allow_abbrev=False, description=__doc__.split("\n")[0])
     pbt_flags = ("env", "members", "generations", "steps", "eval_episodes", "target", "backend",
                  "address", "ray_num_cpus", "out")

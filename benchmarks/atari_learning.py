@@ -18,7 +18,7 @@ import csv
 import time
 
 from asyncrl import APPO
-from asyncrl.cli import parse_value
+from asyncrl.flags import parse_value
 from asyncrl.config import ATARI_DEFAULTS
 
 FRAME_SKIP = 4

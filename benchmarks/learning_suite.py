@@ -264,7 +264,7 @@ def plot(runs: List[dict], path: str) -> None:
 
 
 def parse_overrides(text: str) -> dict:
-    from asyncrl.cli import parse_value
+    from asyncrl.flags import parse_value
     out = {}
     for item in filter(None, (text or "").split(",")):
         key, _, value = item.partition("=")

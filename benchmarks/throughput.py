@@ -46,7 +46,7 @@ from _common import pyplot, raw_env_rate, steady_fps
 
 from asyncrl import APPO
 from asyncrl.buffers import SharedControl, buffer_spec
-from asyncrl.cli import add_config_flags, config_flags, parse_value
+from asyncrl.flags import add_config_flags, config_flags, parse_value
 from asyncrl.config import ConfigError, available_cores
 from asyncrl.envs import env_family
 from asyncrl.learner import Learner, keep_freed_memory, make_batch, make_optimizer

@@ -272,6 +272,16 @@ def always_failing_env():
     return env
 
 
+def lock_and_die(q, ipc) -> None:
+    """Fault injection: take ``q``'s lock and SIGKILL this process, as a kill inside
+    ``put``/``get`` would."""
+    import ctypes
+    q = getattr(q, "fifo", q)  # a BelledQueue's queue
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.pthread_mutex_lock(ctypes.c_void_p(ipc._mutex_addr(q)))
+    os.kill(os.getpid(), 9)
+
+
 class DieHoldingQueueLock(gym.Wrapper):
     """CartPole whose rollout worker, at the env's 50th step, takes the lock of one of its queues
     and SIGKILLs itself, as a kill inside faster-fifo's put/get would leave it. Once per
@@ -289,7 +299,7 @@ class DieHoldingQueueLock(gym.Wrapper):
             from asyncrl.rollout_worker import RolloutWorker
             worker = next(o for o in gc.get_objects() if type(o) is RolloutWorker)
             owner = worker if hasattr(worker, self.queue_attr) else worker.pools[0]  # slot queues
-            ipc.lock_and_die(getattr(owner, self.queue_attr))
+            lock_and_die(getattr(owner, self.queue_attr), ipc)
         return self.env.step(action)
 
 

@@ -225,3 +225,53 @@ def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passe
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(a, c) for a, c in zip(learners[0].model.parameters(),
                                                       initial.parameters()))
+
+
+def make_masking_learner(**overrides):
+    from asyncrl.buffers import SharedControl
+    cfg = Config(seed=0, **overrides)
+    env = gym.make("CartPole-v1")
+    queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None,
+                            "ring_all": lambda: None})
+    learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None, hparams=None,
+                      ctl=SharedControl(), queues=queues, optimizer_path="/nonexistent")
+    learner.model = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
+    learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=1e-3)
+    return learner
+
+
+def batch_with_restarted_samples(T=8, B=4):
+    """On-policy samples of version 5, except env 0's first half: version -1 (its env was
+    restarted) with wild rewards that would dominate any statistic they took part in."""
+    torch.manual_seed(0)
+    obs = torch.randn(T + 1, B, 4)
+    actions = torch.randint(0, 2, (T, B, 1))
+    rewards = torch.randn(T, B)
+    versions = torch.full((T, B), 5, dtype=torch.int64)
+    versions[: T // 2, 0] = -1
+    rewards[: T // 2, 0] = 1e4
+    dones = torch.zeros(T, B, dtype=torch.bool)
+    dones[T // 2 - 1, 0] = True  # the restart ended the broken episode
+    return Batch({"obs": obs}, actions, torch.full((T, B), -0.69), rewards, dones,
+                 torch.zeros(T, B, dtype=torch.bool), versions)
+
+
+def test_masked_samples_count_in_no_statistic_and_no_advantage_normalisation(monkeypatch):
+    import asyncrl.learner as learner_module
+    learner = make_masking_learner(num_epochs=1, batch_size=32, minibatch_size=32, rollout=8,
+                           num_envs_per_worker=8, num_workers=1)
+    learner.version = 5
+    seen = []
+    real_loss = learner_module.ppo_loss
+
+    def spy(*args, **kwargs):
+        seen.append((args[2].detach().clone(), kwargs["mask"].clone()))
+        return real_loss(*args, **kwargs)
+    monkeypatch.setattr(learner_module, "ppo_loss", spy)
+    stats = learner.train_on(batch_with_restarted_samples())
+    assert stats["policy_lag_max"] == 0 and stats["policy_lag_mean"] == 0  # not version + 1 = 6
+    assert stats["masked_fraction"] == pytest.approx(4 / 32)
+    assert -1.0 <= stats["explained_variance"] <= 1.0  # the 1e4 returns would swamp it
+    (advantages, mask), = seen
+    kept = advantages[mask > 0]
+    assert kept.mean().abs() < 1e-5 and kept.std().item() == pytest.approx(1.0, abs=1e-4)

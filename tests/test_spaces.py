@@ -6,14 +6,17 @@ runs use on_env_error="abort", so an illegal action fails the test."""
 import copy
 import math
 
+import gymnasium as gym
 import numpy as np
 import psutil
 import pytest
 import torch
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple
 
+import custom_envs
 import space_envs as se
 from asyncrl import APPO, ConfigError
+from asyncrl.models import ActorCritic
 
 SERIAL = dict(serial_mode=True, num_workers=1, num_envs_per_worker=2, rollout=16, device="cpu",
               verbose=0, seed=0, on_env_error="abort")
@@ -619,3 +622,21 @@ def test_obs_normalizer_buffers_reach_the_main_process(tmp_path):
         model.save(tmp_path / "m.pt")
     with APPO.load(tmp_path / "m.pt", device="cpu") as loaded:
         assert float(loaded.policy.obs_norm[0].count) == count
+
+
+@pytest.mark.timeout(60)
+def test_small_images_train_with_the_tiny_cnn_too():
+    """Images under the Nature CNN's 36 x 36 were refused even with cnn="tiny"."""
+    with APPO(custom_envs.small_image_env, cnn="tiny", **SERIAL, batch_size=32, minibatch_size=32) as model:
+        model.train(64)
+        action, _ = model.predict(model.observation_space.sample())
+        assert model.action_space.contains(action)
+
+
+def test_uint8_observations_that_are_not_images_are_scaled():
+    """A 2-D uint8 observation reached the MLP unscaled (0..255)."""
+    space = gym.spaces.Box(0, 255, (5, 6), np.uint8)
+    model = ActorCritic.from_spaces(space, gym.spaces.Discrete(2))
+    obs = torch.full((3, 5, 6), 255, dtype=torch.uint8)
+    prepared = model.prepare({"obs": obs})["obs"]
+    assert prepared.shape == (3, 30) and float(prepared.max()) == pytest.approx(1.0)
