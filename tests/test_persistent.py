@@ -61,11 +61,11 @@ def test_learning_rate_schedule_follows_progress_remaining():
 
 
 def test_bad_assigned_hyperparameter_is_rejected_before_anything_runs():
+    """Rejected where it is assigned (before: at the next train()), and not kept."""
     with APPO("CartPole-v1", **SMALL) as model:
-        model.learning_rate = -1.0
         with pytest.raises(ConfigError, match=r"learning_rate=-1.0: must be a number > 0"):
-            model.train(256)
-        assert worker_children() == []
+            model.learning_rate = -1.0
+        assert model.learning_rate != -1.0 and worker_children() == []
         model.learning_rate = 1e-3
         model.train(256)  # fixed: trains
         assert model.num_timesteps == 256
