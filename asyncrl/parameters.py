@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import TYPE_CHECKING, Any, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Type, TypeVar, Union
 
 import torch
 
@@ -19,6 +19,7 @@ from .learner import rng_path
 if TYPE_CHECKING:  # a type hint only: no import at run time
     from .trainee import Trainee
 
+Model = TypeVar("Model", bound="Parameters")  # APPO.load returns an APPO
 OPTIMIZER_SUFFIX = ".optimizer"  # get_parameters(): {id: weights, id + ".optimizer": Adam's state}
 
 
@@ -184,8 +185,8 @@ class Parameters:
         return torch.load(path, map_location="cpu") if os.path.exists(path) else None
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike], env: Any = None, device: str = "auto",
-             **overrides):
+    def load(cls: Type[Model], path: Union[str, os.PathLike], env: Any = None, device: str = "auto",
+             **overrides) -> Model:
         """Rebuild a model (of this class) from :meth:`save`; ``overrides`` replace config
         fields."""
         try:
