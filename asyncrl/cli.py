@@ -282,10 +282,16 @@ def _pad16(frame):
     return np.pad(frame, ((0, -h % 16), (0, -w % 16), (0, 0)), mode="edge")
 
 
-def cmd_evaluate(args: dict) -> None:
+def _checkpoint(args: dict):
+    """(run directory, checkpoint file, model loaded from it) of ``--experiment`` and
+    ``--checkpoint`` (default: the newest)."""
     run = RunDir(args["train_dir"], args["experiment"])
     checkpoint = args["checkpoint"] or run.require_checkpoint()
-    model = _load(run, checkpoint)
+    return run, checkpoint, _load(run, checkpoint)
+
+
+def cmd_evaluate(args: dict) -> None:
+    run, checkpoint, model = _checkpoint(args)
     mean, std = model.evaluate(args["episodes"], deterministic=not args["stochastic"])
     result = dict(mean_return=mean, std_return=std, episodes=args["episodes"],
                   deterministic=not args["stochastic"], env_steps=model.num_timesteps,
@@ -295,9 +301,7 @@ def cmd_evaluate(args: dict) -> None:
 
 
 def cmd_export(args: dict) -> None:
-    run = RunDir(args["train_dir"], args["experiment"])
-    checkpoint = args["checkpoint"] or run.require_checkpoint()
-    model = _load(run, checkpoint)
+    run, checkpoint, model = _checkpoint(args)
     out = args["out"] or os.path.join(run.path, "policy.onnx")
     fmt = model.export(out, format=args["format"], policy_id=args["policy_id"])
     print(json.dumps(dict(path=out, format=fmt, checkpoint=os.path.relpath(checkpoint, run.path),

@@ -135,7 +135,8 @@ def _export_onnx(policy: DeterministicPolicy, example: tuple, path: str) -> None
     batch = torch.export.Dim("batch", min=1)
     # torch's exporter logs every operator library it skips and its own deprecations
     quiet = logging.getLogger("torch.onnx")
-    level, quiet.level = quiet.level, logging.ERROR
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -181,11 +182,10 @@ def _script_module(policy: DeterministicPolicy, spec: PolicySpec, example: tuple
 
 def observation_inputs(spec: PolicySpec, observation: Any) -> Dict[str, np.ndarray]:
     """An env observation (or a batch) -> the exported policy's named observation inputs."""
-    arrays, _, _ = spec.env.batch_obs(observation)
-    offsets = {k: spec.env.leaf_offset(k) for k in arrays}
-    # batch_obs stores from 0; the exported policy takes the env's own values
-    return {k: (a if offsets[k] is None else a + offsets[k]).astype(
-        leaf_storage(spec.env.leaves[k][1])[1]) for k, a in arrays.items()}
+    arrays, _, _ = spec.env.batch_obs(observation)  # stored dtypes, Discrete values from 0
+    # the exported policy takes the env's own values (it subtracts the starts itself)
+    return {k: a if (start := spec.env.leaf_offset(k)) is None else a + start
+            for k, a in arrays.items()}
 
 
 __all__ = ["export_policy", "DeterministicPolicy", "observation_inputs"]

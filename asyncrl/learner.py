@@ -82,12 +82,6 @@ def index_obs(obs: Dict[str, torch.Tensor], idx) -> Dict[str, torch.Tensor]:
 
 
 # A trained policy's scratch files sit beside its Adam state, in its own folder (APPO).
-def take(tensors: tuple, idx) -> tuple:
-    """Rows ``idx`` of each entry: a tensor, a dict of them (observations) or None."""
-    return tuple(None if t is None else index_obs(t, idx) if isinstance(t, dict) else t[idx]
-                 for t in tensors)
-
-
 def rng_path(optimizer_path: str) -> str:
     return os.path.join(os.path.dirname(optimizer_path), "rng.pt")
 
@@ -118,22 +112,6 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
         return float("nan")
     var = target.var()
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
-
-
-def normalized_advantages(advantages: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
-    """Zero mean, unit (unbiased) standard deviation over the samples trained on (``weight`` 1;
-    None: all); unchanged when fewer than two are."""
-    if weight is None:
-        if advantages.numel() < 2:
-            return advantages
-        std, mean = torch.std_mean(advantages)
-        return (advantages - mean) / (std + 1e-8)
-    n = weight.sum()
-    if n <= 1:
-        return advantages
-    mean = masked_mean(advantages, weight)
-    std = masked_mean((advantages - mean) ** 2, weight).mul(n / (n - 1)).sqrt()
-    return (advantages - mean) / (std + 1e-8)
 
 
 def make_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
@@ -481,13 +459,17 @@ class Learner:
     def _chunks(self, batch: Batch, rows: int, order: Optional[torch.Tensor] = None):
         """(flat time-major indices, recurrent arguments) of minibatch-sized parts of the first
         ``rows`` steps of ``batch``: samples for a feed-forward model, whole trajectories
-        (columns, run from their stored state) for a recurrent one, in place (contiguous slices,
-        no copies) or, for a recurrent model, the columns in ``order``."""
+        (columns, run from their stored state) for a recurrent one; ``order`` permutes the
+        samples (the columns), None keeps them in place (contiguous slices, no copies)."""
         T, B = batch.rewards.shape
         n = self.cfg.minibatch_size
         if batch.rnn_state is None:
-            for i in range(0, rows * B, n):
-                yield slice(i, i + n), {}
+            if order is None:
+                for i in range(0, rows * B, n):
+                    yield slice(i, i + n), {}
+            else:
+                for idx in order.split(n):
+                    yield idx.to(self.device), {}
             return
         starts = batch.episode_starts()[:rows]
         order = torch.arange(B) if order is None else order
@@ -506,24 +488,19 @@ class Learner:
         cfg = self.cfg
         n = advantages.shape[0]
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
-        weight = None if bool(keep.all()) else keep.float()  # None: plain means, fewer operations
+        weight = keep.float()
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
-        samples = (obs, actions, mask, ratio_ref, advantages, old_values, returns, weight)
         for _ in range(cfg.num_epochs):
-            if evaluated is not None:
-                chunks, shuffled = [(slice(0, n), {})], samples
-            elif batch.rnn_state is None:
-                # Shuffled once per epoch, then contiguous minibatches (views): one gather per
-                # tensor and epoch instead of one per minibatch. The permutation is drawn from
-                # the CPU generator (saved in checkpoints) also when training on a GPU.
-                shuffled = take(samples, torch.randperm(n).to(self.device))
-                chunks = self._chunks(batch, T)
-            else:  # whole trajectories: the columns are shuffled
-                chunks, shuffled = self._chunks(batch, T, torch.randperm(B)), samples
+            # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
+            order = torch.randperm(n if batch.rnn_state is None else B)
+            chunks = [(slice(0, n), {})] if evaluated is not None else self._chunks(batch, T, order)
             for mb, rec in chunks:
                 if self.ctl.stopping:
                     return None
-                out = self._minibatch_step(*take(shuffled, mb), clip_coef, rec, evaluated)
+                out = self._minibatch_step(index_obs(obs, mb), actions[mb],
+                                           None if mask is None else mask[mb], ratio_ref[mb],
+                                           advantages[mb], old_values[mb], returns[mb], weight[mb],
+                                           clip_coef, rec, evaluated)
                 if out is None:
                     skipped += 1
                     continue
@@ -537,10 +514,12 @@ class Learner:
                         evaluated: Optional[tuple] = None) -> Optional[torch.Tensor]:
         """One gradient step; returns the MINIBATCH_STATS values as one tensor, or None when the
         loss or a gradient was not finite (the step is skipped: the weights stay finite).
-        ``weight``: 1 for samples trained on, 0 for masked ones; None when all are."""
+        ``weight``: 1 for samples trained on, 0 for masked ones."""
         cfg = self.cfg
-        if cfg.normalize_advantages:
-            advantages = normalized_advantages(advantages, weight)
+        if cfg.normalize_advantages and weight.sum() > 1:
+            mean = masked_mean(advantages, weight)
+            std = masked_mean((advantages - mean) ** 2, weight).mul(weight.sum() / (weight.sum() - 1)).sqrt()
+            advantages = (advantages - mean) / (std + 1e-8)
         if evaluated is None:
             new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)
             new_values = self.model.normalize_values(new_values)
@@ -552,8 +531,7 @@ class Learner:
                        mask=weight)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
-        # (the optimizer's list: model.parameters() walks the modules, per step)
-        grad_norm = nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], cfg.max_grad_norm)
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         if not bool(torch.isfinite(grad_norm) & torch.isfinite(out.loss)):
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_in_a_row += 1

@@ -21,17 +21,6 @@ def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def mean_weights(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """``mask`` scaled so that ``(x * w).sum()`` is the mean of x over the kept samples (None,
-    every sample kept, stays None: a plain mean). Computed once per minibatch for the six means
-    of the loss: small minibatches on a CPU cost per tensor operation."""
-    return None if mask is None else mask / mask.sum().clamp(min=1.0)
-
-
-def weighted_mean(x: torch.Tensor, w: Optional[torch.Tensor]) -> torch.Tensor:
-    return x.mean() if w is None else (x * w).sum()
-
-
 def ppo_loss(new_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
              advantages: torch.Tensor, new_values: torch.Tensor, old_values: torch.Tensor,
              returns: torch.Tensor, entropy: torch.Tensor, *, clip_coef: Optional[float],
@@ -44,26 +33,25 @@ def ppo_loss(new_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
     ``ref_log_probs``: the ratio's reference policy (the behaviour policy, or in decoupled PPO
     the learner's policy before the update).
     """
-    w = mean_weights(mask)
     log_ratio = new_log_probs - ref_log_probs
     ratio = log_ratio.exp()
     if clip_coef is None:
-        pg_loss = weighted_mean(-advantages * new_log_probs, w)
+        pg_loss = masked_mean(-advantages * new_log_probs, mask)
         clipfrac = torch.zeros((), device=ratio.device)
     else:
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
-        pg_loss = weighted_mean(torch.max(pg_loss1, pg_loss2), w)
-        clipfrac = weighted_mean(((ratio - 1.0).abs() > clip_coef).float(), w).detach()
+        pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2), mask)
+        clipfrac = masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask).detach()
 
     v_loss_unclipped = (new_values - returns) ** 2
     if vf_clip_coef is None:
-        v_loss = 0.5 * weighted_mean(v_loss_unclipped, w)
+        v_loss = 0.5 * masked_mean(v_loss_unclipped, mask)
     else:
         v_clipped = old_values + (new_values - old_values).clamp(-vf_clip_coef, vf_clip_coef)
-        v_loss = 0.5 * weighted_mean(torch.max(v_loss_unclipped, (v_clipped - returns) ** 2), w)
+        v_loss = 0.5 * masked_mean(torch.max(v_loss_unclipped, (v_clipped - returns) ** 2), mask)
 
-    entropy_loss = weighted_mean(entropy, w)
+    entropy_loss = masked_mean(entropy, mask)
     loss = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
-    approx_kl = weighted_mean((ratio - 1.0) - log_ratio, w).detach()  # http://joschu.net/blog/kl-approx.html
+    approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask).detach()  # http://joschu.net/blog/kl-approx.html
     return LossOut(loss, pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl, clipfrac)

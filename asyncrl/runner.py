@@ -258,8 +258,9 @@ class Runner:
         """(name, constructor) of every component, learners last; the wiring is in the queues
         they are given."""
         pools = [part.pool() for part in self.parts]
+        env_factory = pickling.dumps(self.env_factory, "env factory")
         out = [(f"rollout-{i}", Make(RolloutWorker, cfg=self.cfg, worker_idx=i, pools=pools,
-                                     env_factory=pickling.dumps(self.env_factory, "env factory"), ctl=self.ctl,
+                                     env_factory=env_factory, ctl=self.ctl,
                                      queues=self.queues, agents=self.agents, serial=serial,
                                      frozen={pid: (self.frozen_specs[pid], w)
                                              for pid, (_, w) in self.frozen.items()}))

@@ -167,12 +167,3 @@ def test_no_mask_is_the_mask_that_keeps_every_sample(clip_coef, vf_clip_coef):
     g_plain, = torch.autograd.grad(plain.loss, inputs["new_log_probs"])
     g_ones, = torch.autograd.grad(ones.loss, inputs["new_log_probs"])
     assert torch.allclose(g_plain, g_ones)
-
-
-def test_advantages_normalised_over_kept_samples_only():
-    from asyncrl.learner import normalized_advantages
-    adv = torch.tensor([1.0, 2.0, 3.0, 100.0])
-    out = normalized_advantages(adv, torch.tensor([1.0, 1.0, 1.0, 0.0]))
-    assert out[:3].tolist() == pytest.approx([-1.0, 0.0, 1.0], abs=1e-6)
-    assert normalized_advantages(adv[:3], None).tolist() == pytest.approx([-1.0, 0.0, 1.0], abs=1e-6)
-    assert normalized_advantages(adv, torch.tensor([0.0, 1.0, 0.0, 0.0])).tolist() == adv.tolist()
