@@ -1,5 +1,7 @@
 """How a rollout worker steps multi-agent envs (see multiagent): a column of a trained
 policy's slot per agent lane, idle lanes masked; rule-based and frozen agents act in the worker.
+In a turn-based game (see turns) a lane whose agent did not move in a step has its row marked
+``waiting``, and any action is legal there (its mask is all True: nothing samples from it).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from .buffers import SharedWeights
 from .config import Config
 from .models import ActorCritic, PolicySpec
 from .spaces import MASK_KEY, read_mask, stack_observations
+from .turns import movers
 
 
 class FrozenPolicy:
@@ -71,14 +74,14 @@ class AgentLanes:
         return self.groups[group_idx].slots[k].lane_agent[col // lanes][col % lanes]
 
     def _other_actions(self, group) -> List[dict]:
-        """Per env of the group, {agent: action} of the agents that play no trained policy:
-        rule-based ones from their functions, frozen ones from one forward pass per frozen
-        policy for the whole group. (User code: its errors are not the env's.)"""
+        """Per env of the group, {agent: action} of the agents to move that play no trained
+        policy: rule-based ones from their functions, frozen ones from one forward pass per
+        frozen policy for the whole group. (User code: its errors are not the env's.)"""
         layout, out = self.agents, [{} for _ in group.envs]
         batches = defaultdict(list)  # frozen policy id -> [(env, agent)]
         for i, env in enumerate(group.envs):
             policy_of, observations = group.policy_of[i], group.agent_obs[i]
-            for a in env.agents:
+            for a in movers(env):
                 pid = policy_of[a]
                 if pid in self.frozen:
                     batches[pid].append((i, a))
@@ -93,12 +96,12 @@ class AgentLanes:
 
     def _step_agents(self, group, i: int, env, actions: list, others: dict, rows: list,
                      views: list, t: int) -> None:
-        """Step one ParallelEnv: its trained agents act from their lanes' actions (``actions``:
-        per pool), the others as ``others`` says; row t of its lanes in every pool is written
-        (idle lanes: masked, done; ``rows``: per pool, see SlotPool.row), and the observations
-        of t + 1 (``views``: each row's observations)."""
-        acting = {}
-        for a in env.agents:
+        """Step one ParallelEnv: its trained agents to move act from their lanes' actions
+        (``actions``: per pool), the others as ``others`` says; row t of its lanes in every pool
+        is written (idle lanes: masked, done; ``rows``: per pool, see SlotPool.row), and the
+        observations of t + 1 (``views``: each row's observations)."""
+        stepped, acting = list(env.agents), {}
+        for a in movers(env):
             k = self.agents.trained_index.get(group.policy_of[i][a])
             acting[a] = (others[a] if k is None else
                          actions[k][i * self.pools[k].lanes + group.slots[k].lane_of[i][a]])
@@ -115,9 +118,10 @@ class AgentLanes:
             return
         for pool, s, (_, rewards_out, dones_out, truncated_out) in zip(self.pools, group.slots, rows):
             versions_out = pool.versions_np[s.slot_idx, t]
+            waiting_out = None if pool.waiting_np is None else pool.waiting_np[s.slot_idx, t]
             for lane, a in enumerate(s.lane_agent[i]):
                 col = i * pool.lanes + lane
-                if a is not None and a in acting:
+                if a is not None and a in stepped:
                     term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
                     rewards_out[col] = rewards.get(a, 0.0)
                     dones_out[col] = term or trunc or a not in env.agents
@@ -125,7 +129,9 @@ class AgentLanes:
                 else:  # idle: no agent of this trained policy holds it
                     rewards_out[col], dones_out[col], truncated_out[col] = 0.0, True, False
                     versions_out[col] = -1
-        self._count_agent_episodes(group, i, env, acting, rewards, terms, truncs)
+                if waiting_out is not None:
+                    waiting_out[col] = a is not None and a in stepped and a not in acting
+        self._count_agent_episodes(group, i, env, stepped, rewards, terms, truncs)
         if not env.agents:
             try:
                 observations, infos = env.reset()
@@ -149,10 +155,10 @@ class AgentLanes:
         lane = lane_agent.index(None)
         lane_agent[lane], group.slots[k].lane_of[i][agent] = agent, lane
 
-    def _count_agent_episodes(self, group, i: int, env, acting: dict, rewards: dict,
+    def _count_agent_episodes(self, group, i: int, env, stepped: list, rewards: dict,
                               terms: dict, truncs: dict) -> None:
         returns, lengths, layout = group.agent_return[i], group.agent_length[i], self.agents
-        for a in acting:
+        for a in stepped:
             returns[a] = returns.get(a, 0.0) + float(rewards.get(a, 0.0))
             lengths[a] = lengths.get(a, 0) + 1
             if terms.get(a) or truncs.get(a) or a not in env.agents:
@@ -168,8 +174,10 @@ class AgentLanes:
                       infos: dict) -> None:
         """Map agents new to this episode (one of a trained policy takes a free lane of its
         pool), then write the observations of the trained policies' agents into their lanes
-        (``views``: per pool; an idle lane's mask allows everything: it is never checked)."""
+        (``views``: per pool; the mask of an idle lane, or of an agent not to move, allows
+        everything: it is never checked)."""
         layout, policy_of = self.agents, group.policy_of[i]
+        to_move = movers(group.envs[i])
         for a in observations:
             if a not in policy_of:
                 pid = policy_of[a] = layout.policy_of(a, group.episode_idx[i])
@@ -182,7 +190,9 @@ class AgentLanes:
             for lane, a in enumerate(s.lane_agent[i]):
                 if a is not None and a in observations:
                     pool.write_obs(v, col0 + lane, observations[a])
-                    if pool.mask_source == "info":
+                    if MASK_KEY in v and a not in to_move:
+                        v[MASK_KEY][col0 + lane] = True
+                    elif pool.mask_source == "info":
                         v[MASK_KEY][col0 + lane] = np.asarray(
                             read_mask(None, "info", None, infos.get(a, {})), bool).reshape(-1)
                 elif MASK_KEY in v:

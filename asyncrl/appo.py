@@ -70,7 +70,8 @@ class APPO(Parameters):
     :param policy: a whole custom network class, ``cls(observation_space, action_space,
         param_size, **policy_kwargs)`` whose ``forward(obs)`` returns ``(params [N, param_size],
         values [N])``; None: the built-in actor-critic.
-    :param policies: for a multi-agent env (a factory returning a PettingZoo ``ParallelEnv``):
+    :param policies: for a multi-agent env (a factory returning a PettingZoo ``ParallelEnv``,
+        or an ``AECEnv``: a turn-based game, each agent acting on its turn):
         ``{policy id: None}`` for a trained policy (the defaults; a dict of overrides instead:
         ``policy_kwargs``, ``policy``, config fields, and ``agents_per_env``: the most agents of
         one env that play it at once, with a per-episode mapping), ``{policy id: {"frozen":
@@ -97,8 +98,8 @@ class APPO(Parameters):
                  policy_kwargs: Optional[dict] = None, policy: Optional[type] = None,
                  policies: Optional[dict] = None, policy_mapping: Optional[Callable] = None,
                  **kwargs):
-        self.env_factory = make_env_factory(env, env_kwargs)
-        probed = probe_env(self.env_factory, policies, policy_mapping)
+        probed = probe_env(make_env_factory(env, env_kwargs), policies, policy_mapping)
+        self.env_factory = probed.factory
         self.agents, self.policies, self.policy_mapping = probed.agents, policies, policy_mapping
         trained = dict(probed.trained)  # id -> (spec, overrides), the first logged unprefixed
         self.policy_id = next(iter(trained))

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .buffers import RNN_STATE, TrajectoryBuffers
+from .buffers import RNN_STATE, WAITING, TrajectoryBuffers
 from .config import Config
 from .distributions import make_distribution, mask_sizes
 from .spaces import OBS_PREFIX, EnvSpec, ObsWriter
@@ -34,6 +34,7 @@ class SlotPool:
         self.actions_np, self.rewards_np = arrays["actions"], arrays["rewards"]
         self.dones_np, self.truncated_np = arrays["dones"], arrays["truncated"]
         self.versions_np = arrays["policy_versions"]
+        self.waiting_np = arrays.get(WAITING)  # a turn-based game's (see turns)
         self.slot_owner_np, self.claiming_np = b.slot_owner.numpy(), b.claiming.numpy()
         self.policy_incarnation_np = b.policy_incarnation.numpy()
         self.policy_incarnation = int(self.policy_incarnation_np[self.policy_idx])

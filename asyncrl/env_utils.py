@@ -13,6 +13,7 @@ from .config import ConfigError
 from .distributions import make_distribution
 from .multiagent import DEFAULT_POLICY, AgentLayout, agents_of, build_layout, is_parallel_env
 from .spaces import MASK_KEY, EnvSpec, check_mask, detect_mask_source, read_mask
+from .turns import TurnBased, TurnBasedEnv, is_aec_env, movers
 
 class GymIdFactory:
     """Picklable zero-argument factory for a registered Gymnasium id."""
@@ -71,8 +72,10 @@ class Probed(NamedTuple):
     """What ``probe_env`` found: {trained policy id: (spec of its agents, its overrides
     (``policies[id]`` as a dict))}, in order (a single-agent env: the env's spec under
     ``"policy"``), and for a multi-agent env the agent layout and {frozen policy id: (spec,
-    overrides)}."""
+    overrides)}; ``factory``: the one to build envs with (a turn-based game's wraps the user's,
+    see turns)."""
     trained: Dict[str, Tuple[EnvSpec, dict]]
+    factory: Callable
     agents: Optional[AgentLayout] = None
     frozen: Dict[str, Tuple[EnvSpec, dict]] = {}
 
@@ -80,16 +83,19 @@ class Probed(NamedTuple):
 def probe_env(factory: Callable, policies: Optional[dict] = None,
               policy_mapping: Optional[Callable] = None) -> Probed:
     """Build one env in the main process, check its spaces, first observation and action mask
-    (per policy of a multi-agent env, a PettingZoo ParallelEnv), close it."""
+    (per policy of a multi-agent env: a PettingZoo ParallelEnv, or an AECEnv, whose games are
+    stepped turn by turn), close it."""
     try:
         env = factory()
     except Exception as e:
         raise ConfigError(f"the env factory {factory!r} failed in the main process: "
                           f"{type(e).__name__}: {e}") from e
+    if is_aec_env(env):
+        env, factory = TurnBasedEnv(env), TurnBased(factory)
     multi = is_parallel_env(env)
     if not multi and not isinstance(env, gym.Env):
         raise ConfigError(f"the env factory returned {type(env).__name__}, not a gymnasium.Env "
-                          "nor a PettingZoo ParallelEnv (a missing `return`?)")
+                          "nor a PettingZoo ParallelEnv or AECEnv (a missing `return`?)")
     if not multi and (policies is not None or policy_mapping is not None):
         env.close()
         raise ConfigError("policies and policy_mapping apply to multi-agent envs (a PettingZoo "
@@ -99,38 +105,43 @@ def probe_env(factory: Callable, policies: Optional[dict] = None,
             obs, info = env.reset(seed=0)
             source = detect_mask_source(env, obs, info)
             return Probed({DEFAULT_POLICY: (_checked_spec(env, env.observation_space,
-                                                          env.action_space, source, obs, info), {})})
+                                                          env.action_space, source, obs, info), {})},
+                          factory)
         layout, spaces = build_layout(env, policies, policy_mapping)
         observations, infos = env.reset(seed=0)
         specs = {}
         for pid, (obs_space, act_space, overrides) in spaces.items():
-            agent = next((a for a in observations if a in agents_of(layout, pid)), None)
-            if agent is None:
+            players = [a for a in observations if a in agents_of(layout, pid)]
+            if not players:
                 raise ConfigError(f"after reset the env's observations hold none of the agents "
                                   f"that play policy {pid!r}")
+            # in a turn-based game only the agent to move has legal actions
+            agent = next((a for a in players if a in movers(env)), players[0])
             obs, info = observations[agent], infos.get(agent, {})
             spec = _checked_spec(env, obs_space, act_space, _mask_source(obs_space, obs, info),
-                                 obs, info)
+                                 obs, info, moves=agent in movers(env))
             specs[pid] = (spec, overrides)
-        return Probed({pid: specs[pid] for pid in layout.trained}, layout,
+        return Probed({pid: specs[pid] for pid in layout.trained}, factory, layout,
                       {pid: specs[pid] for pid in layout.frozen})
     finally:
         env.close()
 
 
 def _checked_spec(env, obs_space: gym.Space, act_space: gym.Space, source: Optional[str], obs,
-                  info) -> EnvSpec:
-    """The spec of one pair of spaces, checked against a first observation and its mask."""
+                  info, moves: bool = True) -> EnvSpec:
+    """The spec of one pair of spaces, checked against a first observation and its mask (that
+    of an agent to move: ``moves``)."""
     dist = make_distribution(act_space)  # unsupported action spaces raise here
     if source is not None and not dist.mask_size:
         raise ConfigError(f"the env provides action masks ({source}) but its action space "
                           f"{act_space} has no discrete part to mask")
-    spec = EnvSpec(obs_space, act_space, source, dist.mask_size if source else 0)
+    spec = EnvSpec(obs_space, act_space, source, dist.mask_size if source else 0,
+                   turn_based=isinstance(env, TurnBasedEnv))
     if not _contains(obs_space, obs):
         raise ConfigError(
             f"the env's first observation ({_describe(obs)}) does not lie in its declared "
             f"observation_space {obs_space}; fix the env's observation_space or its reset()")
-    if source is not None:
+    if source is not None and moves:
         check_mask(read_mask(env, source, obs, info), spec.mask_size, source, act_space)
     return spec
 

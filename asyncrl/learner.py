@@ -42,6 +42,7 @@ class Batch(NamedTuple):
     values: Optional[torch.Tensor] = None       # [T, B] behaviour policy's V(x_t), when recorded
     action_mask: Optional[torch.Tensor] = None  # [T+1, B, mask_size], when the env masks
     rnn_state: Optional[torch.Tensor] = None    # [T+1, B, state_size], a recurrent model's
+    waiting: Optional[torch.Tensor] = None      # [T, B] a turn-based game's: no move (see turns)
 
     def episode_starts(self) -> torch.Tensor:
         """[T+1, B]: where the recurrent state is zeroed before the step, as the rollout worker
@@ -414,10 +415,15 @@ class Learner:
         if cfg.bootstrap_truncation:  # a time limit is not a terminal state
             rewards = rewards + cfg.gamma * values[:T] * batch.truncated
         discounts = cfg.gamma * (~batch.dones).float()
-        vt = vtrace(log_probs - batch.log_probs, discounts, rewards, values[:T], values[T],
+        log_rhos, lam = log_probs - batch.log_probs, cfg.vtrace_lambda
+        if batch.waiting is not None:  # rows without a move pass the return on, undiscounted
+            discounts = torch.where(batch.waiting, (~batch.dones).float(), discounts)
+            log_rhos = log_rhos.masked_fill(batch.waiting, 0.0)
+            lam = torch.where(batch.waiting, 1.0, lam)
+        vt = vtrace(log_rhos, discounts, rewards, values[:T], values[T],
                     clip_rho_threshold=cfg.vtrace_rho_clip,
                     clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
-                    clip_c_threshold=cfg.vtrace_c_clip, lam=cfg.vtrace_lambda)
+                    clip_c_threshold=cfg.vtrace_c_clip, lam=lam)
         return vt, values[:T], log_probs, evaluated
 
     def train_on(self, batch: Batch) -> Optional[dict]:
@@ -444,9 +450,11 @@ class Learner:
         # The ratio's reference: the learner's policy now (the lag is in V-trace's weight), or
         # the policy that sampled.
         ratio_ref = (old_log_probs if cfg.decoupled_clip else batch.log_probs).flatten()
+        # A turn-based game's rows without a move train the value, not the policy.
+        moves = keep if batch.waiting is None else keep & ~batch.waiting.flatten()
         stats = self._epochs(batch, steps, batch.actions.flatten(0, 1),
                              None if mask is None else mask[:T * B], ratio_ref, advantages,
-                             old_values, returns, keep, evaluated)
+                             old_values, returns, keep, moves, evaluated)
         if stats is None:
             return None
         valid_lag = lag[valid]
@@ -479,16 +487,17 @@ class Learner:
             yield idx, dict(state=batch.rnn_state[0, cols], starts=starts[:, cols])
 
     def _epochs(self, batch, obs, actions, mask, ratio_ref, advantages, old_values, returns,
-                keep, evaluated=None) -> Optional[dict]:
+                keep, moves, evaluated=None) -> Optional[dict]:
         """num_epochs passes of shuffled minibatches over the batch's [T*B] samples (whole
         trajectories for a recurrent model); masked (stale or restarted) samples take part in
-        no loss and no advantage normalisation. ``evaluated``: the model's outputs for the
-        whole batch, with grad (``one_step``): one step on them, no forward pass."""
+        no loss and no advantage normalisation, and only ``moves`` of the kept ones in the
+        policy's terms. ``evaluated``: the model's outputs for the whole batch, with grad
+        (``one_step``): one step on them, no forward pass."""
         T, B = batch.rewards.shape
         cfg = self.cfg
         n = advantages.shape[0]
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
-        weight = keep.float()
+        weight, pg_weight = keep.float(), moves.float()
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         for _ in range(cfg.num_epochs):
             # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
@@ -500,7 +509,7 @@ class Learner:
                 out = self._minibatch_step(index_obs(obs, mb), actions[mb],
                                            None if mask is None else mask[mb], ratio_ref[mb],
                                            advantages[mb], old_values[mb], returns[mb], weight[mb],
-                                           clip_coef, rec, evaluated)
+                                           pg_weight[mb], clip_coef, rec, evaluated)
                 if out is None:
                     skipped += 1
                     continue
@@ -510,15 +519,16 @@ class Learner:
         return stats
 
     def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
-                        returns, weight, clip_coef, rec: dict,
+                        returns, weight, pg_weight, clip_coef, rec: dict,
                         evaluated: Optional[tuple] = None) -> Optional[torch.Tensor]:
         """One gradient step; returns the MINIBATCH_STATS values as one tensor, or None when the
         loss or a gradient was not finite (the step is skipped: the weights stay finite).
-        ``weight``: 1 for samples trained on, 0 for masked ones."""
+        ``weight``: 1 for samples trained on, 0 for masked ones; ``pg_weight``: the same for the
+        policy's terms."""
         cfg = self.cfg
-        if cfg.normalize_advantages and weight.sum() > 1:
-            mean = masked_mean(advantages, weight)
-            std = masked_mean((advantages - mean) ** 2, weight).mul(weight.sum() / (weight.sum() - 1)).sqrt()
+        if cfg.normalize_advantages and pg_weight.sum() > 1:
+            mean = masked_mean(advantages, pg_weight)
+            std = masked_mean((advantages - mean) ** 2, pg_weight).mul(pg_weight.sum() / (pg_weight.sum() - 1)).sqrt()
             advantages = (advantages - mean) / (std + 1e-8)
         if evaluated is None:
             new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)
@@ -528,7 +538,7 @@ class Learner:
         out = ppo_loss(new_log_probs, ratio_ref, advantages, new_values,
                        old_values, returns, entropy, clip_coef=clip_coef,
                        vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
-                       mask=weight)
+                       mask=weight, pg_mask=pg_weight)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)

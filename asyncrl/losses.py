@@ -25,7 +25,7 @@ def ppo_loss(new_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
              advantages: torch.Tensor, new_values: torch.Tensor, old_values: torch.Tensor,
              returns: torch.Tensor, entropy: torch.Tensor, *, clip_coef: Optional[float],
              vf_clip_coef: Optional[float], ent_coef: float, vf_coef: float,
-             mask: Optional[torch.Tensor] = None) -> LossOut:
+             mask: Optional[torch.Tensor] = None, pg_mask: Optional[torch.Tensor] = None) -> LossOut:
     """Clipped-surrogate policy loss, (clipped) value loss and entropy bonus, as means.
 
     All tensors have one shape ``[N]``. ``clip_coef=None`` gives the unclipped policy gradient
@@ -33,16 +33,17 @@ def ppo_loss(new_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
     ``ref_log_probs``: the ratio's reference policy (the behaviour policy, or in decoupled PPO
     the learner's policy before the update).
     """
+    pg_mask = mask if pg_mask is None else pg_mask
     log_ratio = new_log_probs - ref_log_probs
     ratio = log_ratio.exp()
     if clip_coef is None:
-        pg_loss = masked_mean(-advantages * new_log_probs, mask)
+        pg_loss = masked_mean(-advantages * new_log_probs, pg_mask)
         clipfrac = torch.zeros((), device=ratio.device)
     else:
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
-        pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2), mask)
-        clipfrac = masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask).detach()
+        pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2), pg_mask)
+        clipfrac = masked_mean(((ratio - 1.0).abs() > clip_coef).float(), pg_mask).detach()
 
     v_loss_unclipped = (new_values - returns) ** 2
     if vf_clip_coef is None:
@@ -51,7 +52,7 @@ def ppo_loss(new_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
         v_clipped = old_values + (new_values - old_values).clamp(-vf_clip_coef, vf_clip_coef)
         v_loss = 0.5 * masked_mean(torch.max(v_loss_unclipped, (v_clipped - returns) ** 2), mask)
 
-    entropy_loss = masked_mean(entropy, mask)
+    entropy_loss = masked_mean(entropy, pg_mask)
     loss = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
-    approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask).detach()  # http://joschu.net/blog/kl-approx.html
+    approx_kl = masked_mean((ratio - 1.0) - log_ratio, pg_mask).detach()  # http://joschu.net/blog/kl-approx.html
     return LossOut(loss, pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl, clipfrac)

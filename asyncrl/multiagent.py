@@ -28,6 +28,7 @@ import numpy as np
 from . import pickling
 from .config import ConfigError
 from .messages import MAX_TRAINED_POLICIES
+from .turns import movers
 
 DEFAULT_POLICY = "policy"  # the one policy of a single-agent env, or one shared by every agent
 
@@ -204,19 +205,20 @@ def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Ca
 
 def play_parallel_episode(layout: AgentLayout, env: Any, act: Callable, seed: Optional[int],
                           episode_idx: int) -> Dict[str, float]:
-    """Play one episode of a ParallelEnv in this process: the agents of the trained and frozen
-    policies through ``act(policy id, obs, info, episode_start, state) -> (action, state)`` (a
-    state per agent), the rule-based ones through their functions. Returns {policy id: its
-    agents' mean return}."""
+    """Play one episode of a ParallelEnv (or a turn-based game's view) in this process: the
+    agents to move of the trained and frozen policies through ``act(policy id, obs, info,
+    episode_start, state) -> (action, state)`` (a state per agent), the rule-based ones through
+    their functions. Returns {policy id: its agents' mean return}."""
     observations, infos = env.reset(seed=seed)
     policy_of: Dict[str, str] = {}
     returns: Dict[str, float] = {}
     states: Dict[str, Any] = {}
     while env.agents:
         actions = {}
-        for a in env.agents:
+        for a in env.agents:  # mapped when it appears, whether it moves or not
             if a not in policy_of:
                 policy_of[a] = layout.policy_of(a, episode_idx)
+        for a in movers(env):
             pid = policy_of[a]
             if pid in layout.rule_based:
                 actions[a] = layout.act_rule_based(pid, a, observations[a])
@@ -280,7 +282,9 @@ class AgentView(gym.Env):
     ``evaluate_policy``): in each episode the first agent that plays ``policy_id`` is stepped
     from outside; every other agent plays the policy the mapping gives it, through
     ``act(policy id, obs, info, episode_start, state) -> (action, state)`` or its rule-based
-    function. The view's episode ends when its agent's does."""
+    function. The view's episode ends when its agent's does; in a turn-based game a step of
+    the view is its agent's move and the others' until its next turn (their rewards to it
+    summed)."""
 
     def __init__(self, env: Any, layout: AgentLayout, policy_id: str, act: Callable):
         self.env, self.layout, self.policy_id, self.act = env, layout, policy_id, act
@@ -300,6 +304,9 @@ class AgentView(gym.Env):
         if self.agent is None:
             raise RuntimeError(f"no agent plays policy {self.policy_id!r} at the start of episode "
                                f"{self.episode_idx}")
+        self.last = self.obs[self.agent]
+        while self.env.agents and self.agent not in movers(self.env):
+            self._step_env(None)  # a turn-based game: the others move until its turn
         return self.obs[self.agent], self.infos.get(self.agent, {})
 
     def _map(self) -> None:
@@ -308,8 +315,17 @@ class AgentView(gym.Env):
                 self.policy_of[a] = self.layout.policy_of(a, self.episode_idx)
 
     def step(self, action):
+        reward, terminated, truncated = self._step_env(action)
+        while not (terminated or truncated) and self.agent not in movers(self.env):
+            r, terminated, truncated = self._step_env(None)  # a turn-based game: the others move
+            reward += r
+        return self.obs.get(self.agent, self.last), reward, terminated, truncated, self.infos.get(self.agent, {})
+
+    def _step_env(self, action) -> tuple:
+        """One step of the env, ``action`` for the view's agent if it is to move; returns its
+        (reward, terminated, truncated)."""
         actions = {}
-        for a in self.env.agents:
+        for a in movers(self.env):
             pid = self.policy_of[a]
             if a == self.agent:
                 actions[a] = action
@@ -318,13 +334,12 @@ class AgentView(gym.Env):
             else:
                 actions[a], self.states[a] = self.act(pid, self.obs[a], self.infos.get(a, {}),
                                                       a not in self.states, self.states.get(a))
-        last = self.obs[self.agent]
+        self.last = self.obs.get(self.agent, self.last)
         self.obs, rewards, terms, truncs, self.infos = self.env.step(actions)
         self._map()
         a = self.agent
         terminated = bool(terms.get(a, False)) or (a not in self.env.agents and not truncs.get(a))
-        return (self.obs.get(a, last), float(rewards.get(a, 0.0)), terminated,
-                bool(truncs.get(a, False)), self.infos.get(a, {}))
+        return float(rewards.get(a, 0.0)), terminated, bool(truncs.get(a, False))
 
     def close(self):
         self.env.close()

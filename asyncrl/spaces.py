@@ -117,11 +117,13 @@ def get_path(obs: Any, path: tuple) -> Any:
 
 class EnvSpec:
     """The env's spaces as the engine uses them. ``leaves``: {key: (path, space)} of the model's
-    inputs; ``mask_source``: None, "obs", "method" or "info"; ``mask_size``: entries of a mask."""
+    inputs; ``mask_source``: None, "obs", "method" or "info"; ``mask_size``: entries of a mask;
+    ``turn_based``: the agents take turns (see turns), so a step may hold no move of an agent."""
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 mask_source: Optional[str] = None, mask_size: int = 0):
+                 mask_source: Optional[str] = None, mask_size: int = 0, turn_based: bool = False):
         self.observation_space, self.action_space = observation_space, action_space
+        self.turn_based = turn_based
         leaves = flatten_space(observation_space)
         self.mask_source, self.mask_size = mask_source, mask_size
         if mask_source == "obs":

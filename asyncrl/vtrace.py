@@ -1,7 +1,7 @@
 """V-trace off-policy targets (Espeholt et al., 2018, "IMPALA", section 4.1), as a pure function."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -15,7 +15,8 @@ class VTraceReturns(NamedTuple):
 def vtrace(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor,
            values: torch.Tensor, bootstrap_value: torch.Tensor,
            clip_rho_threshold: Optional[float] = 1.0, clip_pg_rho_threshold: Optional[float] = 1.0,
-           clip_c_threshold: Optional[float] = 1.0, lam: float = 1.0) -> VTraceReturns:
+           clip_c_threshold: Optional[float] = 1.0,
+           lam: Union[float, torch.Tensor] = 1.0) -> VTraceReturns:
     """V-trace targets for a time-major batch.
 
     :param log_rhos: [T, B] log(pi(a_s|x_s) / mu(a_s|x_s)), target over behaviour policy.
@@ -26,7 +27,8 @@ def vtrace(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tenso
     :param clip_rho_threshold: rho-bar (None: no clipping).
     :param clip_pg_rho_threshold: clip of rho in the policy-gradient advantage (None: none).
     :param clip_c_threshold: c-bar, clip of the trace coefficients (None: none).
-    :param lam: trace-cutting lambda multiplying c_s (1.0 is the paper's V-trace).
+    :param lam: trace-cutting lambda multiplying c_s (1.0 is the paper's V-trace); a scalar, or
+        [T, B] per step.
     """
     rhos = torch.exp(log_rhos)
     clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)

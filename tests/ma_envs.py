@@ -1,9 +1,9 @@
-"""Small PettingZoo ParallelEnvs for the multi-agent tests (fast, no rendering)."""
+"""Small PettingZoo envs for the multi-agent tests (fast, no rendering): ParallelEnvs and a turn-based AECEnv."""
 import functools
 
 import gymnasium as gym
 import numpy as np
-from pettingzoo import ParallelEnv
+from pettingzoo import AECEnv, ParallelEnv
 
 ROCK, PAPER, SCISSORS = 0, 1, 2
 
@@ -328,3 +328,67 @@ class Joining(Leaving):
 
 def joining():
     return Joining()
+
+
+class Signal(AECEnv):
+    """A turn-based game (PettingZoo AECEnv, legal moves in the observation's "action_mask"):
+    player_0 moves, then player_1, then the game ends. Each sees its seat and the other's move
+    (one-hot); moves are 0 and 1, move 2 is never legal (playing it raises). At the end, on
+    player_1's move, player_0 gets +1 if it played 1 and player_1 gets +1 if it copied player_0:
+    player_0's reward comes on the other agent's move. Best play returns 1 to each, random 0.5."""
+
+    metadata = {"name": "signal"}
+
+    def __init__(self):
+        self.possible_agents = ["player_0", "player_1"]
+
+    @functools.lru_cache(maxsize=None)
+    def observation_space(self, agent):
+        return gym.spaces.Dict({"observation": gym.spaces.Box(0.0, 1.0, (4,), np.float32),
+                                "action_mask": gym.spaces.Box(0, 1, (3,), np.int8)})
+
+    @functools.lru_cache(maxsize=None)
+    def action_space(self, agent):
+        return gym.spaces.Discrete(3)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = {a: 0.0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.infos = {a: {} for a in self.agents}
+        self.agent_selection, self.moves = "player_0", {}
+
+    def observe(self, agent):
+        seat = self.possible_agents.index(agent)
+        obs = np.zeros(4, np.float32)
+        obs[seat] = 1.0
+        other = self.possible_agents[1 - seat]
+        if other in self.moves:
+            obs[2 + self.moves[other]] = 1.0
+        to_move = agent == self.agent_selection and not self.terminations.get(agent, True)
+        return {"observation": obs, "action_mask": np.array([1, 1, 0] if to_move else [0, 0, 0], np.int8)}
+
+    def step(self, action):
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        if action not in (0, 1):
+            raise ValueError(f"{agent} played the illegal move {action!r}")
+        self.moves[agent] = int(action)
+        self.rewards = {a: 0.0 for a in self.agents}
+        if agent == "player_0":
+            self.agent_selection = "player_1"
+        else:
+            self.rewards["player_0"] = float(self.moves["player_0"] == 1)
+            self.rewards["player_1"] = float(action == self.moves["player_0"])
+            self.terminations = {a: True for a in self.agents}
+            self.agent_selection = "player_0"  # the finished agents are stepped out in order
+        self._cumulative_rewards[agent] = 0.0
+        self._accumulate_rewards()
+
+
+def signal():
+    return Signal()
