@@ -14,6 +14,7 @@ import torch
 from .buffers import SharedWeights
 from .config import Config
 from .models import ActorCritic, PolicySpec
+from .multiagent import global_state
 from .spaces import MASK_KEY, read_mask, stack_observations
 from .turns import movers
 
@@ -175,7 +176,8 @@ class AgentLanes:
         """Map agents new to this episode (one of a trained policy takes a free lane of its
         pool), then write the observations of the trained policies' agents into their lanes
         (``views``: per pool; the mask of an idle lane, or of an agent not to move, allows
-        everything: it is never checked)."""
+        everything: it is never checked), and the env's global state into every lane of the
+        pools whose critic reads it."""
         layout, policy_of = self.agents, group.policy_of[i]
         to_move = movers(group.envs[i])
         for a in observations:
@@ -185,8 +187,13 @@ class AgentLanes:
                 if k is not None:
                     self._take_lane(group, i, a, k)
         group.agent_obs[i] = observations
+        state = None
         for pool, s, v in zip(self.pools, group.slots, views):
             col0 = i * pool.lanes
+            if pool.global_state is not None:
+                if state is None:
+                    state = global_state(group.envs[i], observations)
+                v[pool.global_state][col0:col0 + pool.lanes] = state
             for lane, a in enumerate(s.lane_agent[i]):
                 if a is not None and a in observations:
                     pool.write_obs(v, col0 + lane, observations[a])

@@ -37,16 +37,17 @@ RNN_STATE = "rnn_state"  # a recurrent model's state per step: written by the po
 WAITING = "waiting"      # a turn-based game's: the lane's agent did not move in the step
 
 
-def buffer_spec(env: EnvSpec, dist, state_size: int = 0) -> Dict[str, Entry]:
-    """The one description of a trajectory slot: the observed leaves (and the action mask) from
-    the env spec, a recurrent model's state (``state_size`` floats: the state each step was
+def buffer_spec(env: EnvSpec, dist, state_size: int = 0,
+                global_state: bool = False) -> Dict[str, Entry]:
+    """The one description of a trajectory slot: the observed leaves (the action mask, and the
+    global state for a centralised critic: ``global_state``) from the env spec, a recurrent model's state (``state_size`` floats: the state each step was
     acted from; row T, the state after the last step, starts the next slot as observations
     do), the actions from the distribution, then STEP_ENTRIES, and for a turn-based game
     ``WAITING`` (see turns)."""
     actions = Entry((dist.action_size,), torch.int64 if dist.discrete else torch.float32, False)
     state = {RNN_STATE: Entry((state_size,), torch.float32, True)} if state_size else {}
     turns = {WAITING: Entry((), torch.bool, False)} if env.turn_based else {}
-    return {**env.obs_entries(), **state, "actions": actions, **STEP_ENTRIES, **turns}
+    return {**env.obs_entries(global_state), **state, "actions": actions, **STEP_ENTRIES, **turns}
 
 
 class SlotState:

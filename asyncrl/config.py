@@ -116,6 +116,11 @@ class Config:
         "for partially observed envs. Hidden states live in the trajectory buffers; the learner "
         "re-runs the core over whole trajectories from the state stored with their first step, "
         "resetting it where an episode starts, so minibatch_size must be a multiple of rollout.")
+    centralized_critic: bool = _f(
+        False, "Multi-agent envs: the value head sees the global state (the env's state() where "
+        "it declares a state_space, else every agent's observation side by side, absent agents "
+        "zeroed) through its own MLP, while the actor sees only its agent's observation (MAPPO's "
+        "centralised critic; predict needs nothing more). Per trained policy, as an override.")
     rnn_type: str = _f("gru", 'The recurrent core: "gru" or "lstm" (stores 2 x rnn_size per env).')
     rnn_size: int = _f(128, "Hidden units of the recurrent core.")
     normalize_obs: bool = _f(

@@ -9,7 +9,7 @@ import numpy as np
 from .buffers import RNN_STATE, WAITING, TrajectoryBuffers
 from .config import Config
 from .distributions import make_distribution, mask_sizes
-from .spaces import OBS_PREFIX, EnvSpec, ObsWriter
+from .spaces import GLOBAL_STATE, OBS_PREFIX, EnvSpec, ObsWriter
 
 
 class SlotPool:
@@ -35,6 +35,8 @@ class SlotPool:
         self.dones_np, self.truncated_np = arrays["dones"], arrays["truncated"]
         self.versions_np = arrays["policy_versions"]
         self.waiting_np = arrays.get(WAITING)  # a turn-based game's (see turns)
+        # the entry a centralised critic reads, written by the worker (None: none)
+        self.global_state = OBS_PREFIX + GLOBAL_STATE if OBS_PREFIX + GLOBAL_STATE in arrays else None
         self.slot_owner_np, self.claiming_np = b.slot_owner.numpy(), b.claiming.numpy()
         self.policy_incarnation_np = b.policy_incarnation.numpy()
         self.policy_incarnation = int(self.policy_incarnation_np[self.policy_idx])

@@ -11,7 +11,8 @@ import numpy as np
 from . import pickling
 from .config import ConfigError
 from .distributions import make_distribution
-from .multiagent import DEFAULT_POLICY, AgentLayout, agents_of, build_layout, is_parallel_env
+from .multiagent import (DEFAULT_POLICY, AgentLayout, agents_of, build_layout, global_state_space,
+                         is_parallel_env)
 from .spaces import MASK_KEY, EnvSpec, check_mask, detect_mask_source, read_mask
 from .turns import TurnBased, TurnBasedEnv, is_aec_env, movers
 
@@ -136,7 +137,8 @@ def _checked_spec(env, obs_space: gym.Space, act_space: gym.Space, source: Optio
         raise ConfigError(f"the env provides action masks ({source}) but its action space "
                           f"{act_space} has no discrete part to mask")
     spec = EnvSpec(obs_space, act_space, source, dist.mask_size if source else 0,
-                   turn_based=isinstance(env, TurnBasedEnv))
+                   turn_based=isinstance(env, TurnBasedEnv),
+                   global_state_size=0 if isinstance(env, gym.Env) else global_state_space(env).shape[0])
     if not _contains(obs_space, obs):
         raise ConfigError(
             f"the env's first observation ({_describe(obs)}) does not lie in its declared "

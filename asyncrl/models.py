@@ -37,7 +37,7 @@ from .config import Config, ConfigError
 from .distributions import make_distribution
 from .encoders import (RunningNorm, init_layer, image_encoder, mlp, normalized_keys, flat_width,
                        preprocess_leaf, sb3_space)
-from .spaces import EnvSpec, is_image
+from .spaces import GLOBAL_STATE, EnvSpec, is_image
 
 POLICY_KWARGS = ("net_arch", "activation_fn", "features_extractor_class", "features_extractor_kwargs",
                  "share_features_extractor", "log_std_init", "ortho_init")
@@ -82,6 +82,14 @@ class ActorCritic(nn.Module):
                 "use_rnn puts the recurrent core between the shared features and the heads: it "
                 "cannot wrap a whole custom policy= network nor separate value features "
                 "(share_features_extractor=False); give a features_extractor_class instead")
+        self.centralized = cfg.centralized_critic  # the value head reads the global state
+        if self.centralized and (spec.policy is not None or not env.global_state_size):
+            raise ConfigError("centralized_critic=True needs a multi-agent env (its global state "
+                              "is the critic's input) and the built-in network, not policy=" if
+                              env.global_state_size else "centralized_critic=True applies to "
+                              "multi-agent envs (PettingZoo); this env has a single agent")
+        self.state_norm = RunningNorm((env.global_state_size,)) if self.centralized and \
+            cfg.normalize_obs else None
         if spec.policy is not None:
             self.net = spec.policy(sb3_observation_space(env), env.action_space,
                                    self.dist.param_size, **kw)
@@ -97,10 +105,11 @@ class ActorCritic(nn.Module):
             features = self.core.out_size
         images_only = all(is_image(s) for s in self.spaces) and "features_extractor_class" not in kw
         pi_arch, vf_arch = parse_net_arch(kw.get("net_arch", [] if images_only else list(cfg.hidden_sizes)))
-        self.pi_net, self.vf_net = mlp(features, pi_arch, act, ortho), mlp(features, vf_arch, act, ortho)
+        vf_in = env.global_state_size if self.centralized else features
+        self.pi_net, self.vf_net = mlp(features, pi_arch, act, ortho), mlp(vf_in, vf_arch, act, ortho)
         self.action_head = init_layer(nn.Linear(pi_arch[-1] if pi_arch else features, self.dist.param_size),
                                   0.01, ortho)
-        self.value_head = init_layer(nn.Linear(vf_arch[-1] if vf_arch else features, 1), 1.0, ortho)
+        self.value_head = init_layer(nn.Linear(vf_arch[-1] if vf_arch else vf_in, 1), 1.0, ortho)
         self.act_fn = act
 
     @classmethod
@@ -128,8 +137,9 @@ class ActorCritic(nn.Module):
 
     # --- the contract ---------------------------------------------------------------------
     def prepare(self, obs: Dict[str, torch.Tensor], cache: Optional[dict] = None) -> Dict[str, torch.Tensor]:
-        """Stored leaves -> network inputs; image encoders scale into ``cache``'s reused buffers."""
-        out = {}
+        """Stored leaves -> network inputs; image encoders scale into ``cache``'s reused buffers.
+        A centralised critic's global state passes as it is."""
+        out = {} if GLOBAL_STATE not in obs else {GLOBAL_STATE: obs[GLOBAL_STATE]}
         for i, (key, space) in enumerate(zip(self.keys, self.spaces)):
             enc = self.encoders[i] if isinstance(self.encoders, nn.ModuleList) else None
             if enc is not None and hasattr(enc, "scale"):
@@ -169,12 +179,23 @@ class ActorCritic(nn.Module):
                 if state is None:
                     raise ValueError("a recurrent model needs its state (zeros at an episode's start)")
                 pi_feat, state = self.core(pi_feat, state, starts)
-            vf_feat = pi_feat if self.vf_encoders is None else self._features(self.vf_encoders, x)
             params = self.action_head(self.pi_net(pi_feat))
-            values = self.value_head(self.vf_net(vf_feat)).squeeze(-1)
+            values = self._values(pi_feat, x)
         if self.value_norm is not None:
             values = self.value_norm.denormalize(values)
         return (params, values) if self.core is None else (params, values, state)
+
+    def _values(self, pi_feat: torch.Tensor, x: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """The value head's output [N] (normalised scale) on the actor's features, its own
+        encoders' or, for a centralised critic, the global state: zeros without it (``predict``
+        and exported actors, which need no value)."""
+        if not self.centralized:
+            vf_feat = pi_feat if self.vf_encoders is None else self._features(self.vf_encoders, x)
+        elif GLOBAL_STATE not in x:
+            return pi_feat.new_zeros(pi_feat.shape[0])
+        else:
+            vf_feat = x[GLOBAL_STATE] if self.state_norm is None else self.state_norm(x[GLOBAL_STATE])
+        return self.value_head(self.vf_net(vf_feat)).squeeze(-1)
 
     def _features(self, encoders: nn.Module, x: Dict[str, torch.Tensor]) -> torch.Tensor:
         if isinstance(encoders, nn.ModuleList):
@@ -208,6 +229,8 @@ class ActorCritic(nn.Module):
         encoders with ``update_stats`` are read)."""
         for key, norm in zip(self.norm_keys, self.obs_norm):
             norm.update(obs[key][keep])
+        if self.state_norm is not None:
+            self.state_norm.update(obs[GLOBAL_STATE][keep])
         for encoders in (self.encoders, self.vf_encoders):
             if isinstance(encoders, nn.ModuleList):  # one per key (a custom extractor keeps its own)
                 for key, enc in zip(self.keys, encoders):
@@ -227,7 +250,7 @@ class ActorCritic(nn.Module):
         normaliser's scale folded into the value row. Rebuild it after the weights change. Other
         models return ``forward`` itself."""
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
-                   and self.core is None
+                   and self.core is None and not self.centralized
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
                    and len(self.pi_net) == len(self.vf_net) and self.act_fn in (nn.Tanh, nn.ReLU))
         if not fusable:

@@ -55,6 +55,35 @@ def _arity(fn: Callable) -> int:
                       "fn(agent_id, episode_idx)")
 
 
+def global_state_space(env: Any) -> gym.spaces.Box:
+    """The global state a centralised critic sees (flattened, float32): the env's ``state()``
+    where it declares a ``state_space``, else every possible agent's observation (flattened:
+    Discrete parts one-hot) side by side in ``possible_agents`` order."""
+    if _has_state(env):
+        size = gym.spaces.flatdim(env.state_space)
+    else:
+        size = sum(gym.spaces.flatdim(env.observation_space(a)) for a in env.possible_agents)
+    return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+
+
+def global_state(env: Any, observations: Dict[str, Any]) -> np.ndarray:
+    """The global state now (see global_state_space); an agent absent from ``observations``
+    (not in the episode, or gone) is zeros."""
+    if _has_state(env):
+        return gym.spaces.flatten(env.state_space, env.state()).astype(np.float32, copy=False)
+    parts = []
+    for a in env.possible_agents:
+        space = env.observation_space(a)
+        parts.append(gym.spaces.flatten(space, observations[a]).astype(np.float32, copy=False)
+                     if a in observations else np.zeros(gym.spaces.flatdim(space), np.float32))
+    return np.concatenate(parts)
+
+
+def _has_state(env: Any) -> bool:
+    return callable(getattr(env, "state", None)) and isinstance(getattr(env, "state_space", None),
+                                                                gym.Space)
+
+
 class AgentLayout:
     """What the engine knows of a multi-agent env's agents, checked in the main process and
     pickled to every rollout worker: the trained policies' ids (``trained``, in the order of

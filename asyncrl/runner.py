@@ -158,7 +158,8 @@ class PolicyPart:
 
     @staticmethod
     def slot_spec(trained: TrainedPolicy) -> dict:
-        return buffer_spec(trained.spec.env, trained.model.dist, trained.model.state_size)
+        return buffer_spec(trained.spec.env, trained.model.dist, trained.model.state_size,
+                           trained.model.centralized)
 
     def pool(self) -> tuple:
         """What a rollout worker needs of this policy: (config, env spec, buffers, queues)."""

@@ -27,6 +27,7 @@ UNSUPPORTED_HINTS = {
 
 
 OBS_PREFIX = "obs/"  # buffer-spec names of observation leaves: "obs/<key>"
+GLOBAL_STATE = "_global_state"  # the model input of a centralised critic (an "obs/" entry)
 
 
 def split_obs_names(tensors: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -118,12 +119,15 @@ def get_path(obs: Any, path: tuple) -> Any:
 class EnvSpec:
     """The env's spaces as the engine uses them. ``leaves``: {key: (path, space)} of the model's
     inputs; ``mask_source``: None, "obs", "method" or "info"; ``mask_size``: entries of a mask;
-    ``turn_based``: the agents take turns (see turns), so a step may hold no move of an agent."""
+    ``turn_based``: the agents take turns (see turns), so a step may hold no move of an agent;
+    ``global_state_size``: floats of a multi-agent env's global state (see
+    multiagent.global_state; 0: a single-agent env), the input of a centralised critic."""
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 mask_source: Optional[str] = None, mask_size: int = 0, turn_based: bool = False):
+                 mask_source: Optional[str] = None, mask_size: int = 0, turn_based: bool = False,
+                 global_state_size: int = 0):
         self.observation_space, self.action_space = observation_space, action_space
-        self.turn_based = turn_based
+        self.turn_based, self.global_state_size = turn_based, global_state_size
         leaves = flatten_space(observation_space)
         self.mask_source, self.mask_size = mask_source, mask_size
         if mask_source == "obs":
@@ -131,13 +135,19 @@ class EnvSpec:
         if not leaves:
             raise ConfigError(f"observation space {observation_space} has no key besides "
                               f"{MASK_KEY!r}: the model would see nothing")
+        if GLOBAL_STATE in leaves:
+            raise ConfigError(f"observation key {GLOBAL_STATE!r} is the engine's name for a "
+                              "centralised critic's input; rename that key of the observation")
         self.leaves = leaves
         self.bare = list(leaves) == ["obs"] and not isinstance(
             observation_space, (gym.spaces.Dict, gym.spaces.Tuple))
 
-    def obs_entries(self) -> Dict[str, Entry]:
-        """The observed part of the buffer spec: one entry per leaf, and the mask."""
+    def obs_entries(self, global_state: bool = False) -> Dict[str, Entry]:
+        """The observed part of the buffer spec: one entry per leaf, the mask, and the global
+        state where a centralised critic reads it."""
         out = {}
+        if global_state:
+            out[OBS_PREFIX + GLOBAL_STATE] = Entry((self.global_state_size,), torch.float32, True)
         for key, (_, space) in self.leaves.items():
             shape, dtype = leaf_storage(space)
             out[OBS_PREFIX + key] = Entry(shape, torch_dtype(dtype), True)

@@ -8,7 +8,6 @@ import torch
 
 import ma_envs
 from asyncrl import APPO, ConfigError
-from asyncrl.learner import Learner
 from asyncrl.losses import ppo_loss
 from asyncrl.turns import TurnBasedEnv
 from test_learner import T, B, make_learner, on_policy_batch

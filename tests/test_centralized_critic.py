@@ -1,0 +1,108 @@
+"""A centralised critic (``centralized_critic=True``): the value head reads the env's global state
+(its state() where declared, else every agent's observation side by side, absent agents zeroed),
+the actor its own observation; one more buffer-spec entry, filled by the rollout workers."""
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import ma_envs
+from asyncrl import APPO, ConfigError
+from asyncrl.multiagent import global_state, global_state_space
+from asyncrl.spaces import GLOBAL_STATE
+from asyncrl.turns import TurnBasedEnv
+from test_multiagent import FAST, batches  # noqa: F401 (a fixture)
+
+
+class WithState(ma_envs.Cues):
+    """Cues with a declared global state: both cues as integers."""
+    state_space = gym.spaces.MultiDiscrete([2, 4])
+
+    def state(self):
+        return np.array([self.cues["small"], self.cues["big"]])
+
+
+def with_state():
+    return WithState()
+
+
+def test_the_global_state_is_the_envs_state_where_declared_else_every_observation():
+    env = WithState()
+    obs, _ = env.reset(seed=0)
+    assert global_state_space(env).shape == (6,)  # MultiDiscrete flattened: one-hot per part
+    expected = np.concatenate([np.eye(2)[env.cues["small"]], np.eye(4)[env.cues["big"]]])
+    assert np.array_equal(global_state(env, obs), expected)
+    env = ma_envs.Leaving(3)
+    obs, _ = env.reset(seed=0)
+    assert global_state_space(env).shape == (6,)
+    full = global_state(env, obs)
+    assert np.array_equal(full, np.concatenate([obs["a0"], obs["a1"], obs["a2"]]))
+    obs, *_ = env.step({a: 0 for a in env.agents})  # a0 has left: its part is zeros
+    assert np.array_equal(global_state(env, obs), np.concatenate([np.zeros(2), obs["a1"], obs["a2"]]))
+    game = TurnBasedEnv(ma_envs.Signal())  # a turn-based game: every agent observes every step
+    obs, _ = game.reset()
+    assert global_state(game, obs).shape == global_state_space(game).shape == (14,)
+
+
+@pytest.mark.timeout(60)
+def test_the_critic_reads_the_global_state_of_every_lane_and_the_actor_does_not(batches):
+    with APPO(ma_envs.leaving, centralized_critic=True, serial_mode=True, **FAST) as model:
+        assert model.policy.vf_net[0].in_features == 6 and model.policy.pi_net[0].in_features == 2
+        model.train(2_000)
+        obs = np.array([1.0, 0.0], np.float32)
+        assert model.predict(obs, deterministic=True)[0] in (0, 1)  # no global state needed
+    checked = 0
+    for b in batches:
+        state = b.obs[GLOBAL_STATE].view(b.obs[GLOBAL_STATE].shape[0], -1, 3, 6)  # [T+1, envs, lanes, 6]
+        assert bool((state == state[:, :, :1]).all())  # one state per env, in each of its lanes
+        own = b.obs["obs"].view(*state.shape[:3], 2)
+        live = b.policy_versions.view(state.shape[0] - 1, -1, 3) >= 0
+        for lane in range(3):  # an agent in play sees its own part of the state
+            part = state[:-1, :, lane, 2 * lane:2 * lane + 2]
+            assert torch.equal(part[live[..., lane]], own[:-1, :, lane][live[..., lane]])
+        # agents gone (a0 after step 1, a1 after 2): their parts are zeros while a2 plays on
+        gone = ~live[..., 0] & live[..., 2]
+        assert bool((state[:-1, :, 0, 0:2][gone] == 0).all())
+        checked += int(gone.sum())
+    assert checked > 100
+
+
+@pytest.mark.timeout(60)
+def test_a_policy_with_a_centralised_critic_beside_one_without_learns():
+    with APPO(with_state, policies={"small": {"centralized_critic": True}, "big": None},
+              policy_mapping=lambda agent: agent, serial_mode=True, **FAST) as model:
+        assert model.trainees["small"].model.vf_net[0].in_features == 6
+        assert model.trainees["big"].model.vf_net[0].in_features == 4
+        model.train(8_000)
+        assert model.evaluate(10, seed=0, policy_id="small")[0] > 3.5
+
+
+@pytest.mark.timeout(60)
+def test_with_a_recurrent_core_masks_and_turns_and_across_save_and_load(tmp_path):
+    with APPO(ma_envs.signal, centralized_critic=True, use_rnn=True, serial_mode=True,
+              **dict(FAST, rollout=8)) as model:
+        model.train(1_000)
+        model.save(tmp_path / "cc.zip")
+    loaded = APPO.load(tmp_path / "cc.zip")
+    try:
+        assert loaded.config.centralized_critic and loaded.policy.vf_net[0].in_features == 14
+        loaded.train(500)
+    finally:
+        loaded.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_centralised_critic_without_agents_or_with_a_custom_network_is_a_clear_error():
+    with pytest.raises(ConfigError, match="centralized_critic=True applies to multi-agent envs"):
+        APPO("CartPole-v1", centralized_critic=True, serial_mode=True)
+
+    class Net(torch.nn.Module):
+        def __init__(self, observation_space, action_space, param_size):
+            super().__init__()
+            self.pi, self.v = torch.nn.Linear(2, param_size), torch.nn.Linear(2, 1)
+
+        def forward(self, obs):
+            return self.pi(obs), self.v(obs).squeeze(-1)
+
+    with pytest.raises(ConfigError, match="the built-in network, not policy="):
+        APPO(ma_envs.leaving, policy=Net, centralized_critic=True, serial_mode=True, **FAST)
