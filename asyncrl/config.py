@@ -107,8 +107,9 @@ class Config:
     cnn: str = _f("nature", 'Encoder of uint8 image obs: "nature" (Mnih et al. 2015: 3 convolutions '
                   '+ 512 units, ReLU), "doom" (Sample Factory\'s convnet_simple: 32 8x8/4, 64 4x4/2, '
                   '128 3x3/2 + 512 units, ELU; the Doom default); images under 36 x 36, such as '
-                  'MiniGrid\'s 7 x 7, get two 3 x 3 convolutions + 128 units with either, each channel '
-                  'normalised by running statistics. Or "tiny" '
+                  'MiniGrid\'s 7 x 7, and boards of 0/1 planes (PettingZoo\'s classic games) get two 3 x 3 '
+                  'convolutions + 128 units with either, each channel normalised by running '
+                  'statistics. Or "tiny" '
                   '(every 8th pixel + 32 units: for throughput tests, where inference and learning '
                   'cost next to nothing).')
     use_rnn: bool = _f(

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .spaces import EnvSpec, channel_last, is_image, scaled_uint8
+from .spaces import EnvSpec, channel_last, is_grid, is_image, scaled_uint8
 
 NATURE_MIN_SIZE = 36  # the convolution stacks' smallest input; smaller images get SmallCNN
 NORM_CLIP = 10.0      # normalised observations are clipped to +-this (CleanRL's continuous PPO)
@@ -220,9 +220,9 @@ def preprocess_leaf(space: gym.Space, x: torch.Tensor, sb3: bool) -> torch.Tenso
 
 
 def normalized_keys(spec: EnvSpec) -> List[str]:
-    """Leaves a running observation normaliser applies to: non-image float-valued Boxes."""
+    """Leaves a running observation normaliser applies to: Boxes other than images and boards."""
     return [k for k, (_, s) in spec.leaves.items()
-            if isinstance(s, gym.spaces.Box) and not is_image(s) and not scaled_uint8(s)]
+            if isinstance(s, gym.spaces.Box) and not is_grid(s) and not scaled_uint8(s)]
 
 
 def sb3_space(space: gym.Space) -> gym.Space:

@@ -54,10 +54,27 @@ def is_image(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
 
 
+def is_board(space: gym.Space) -> bool:
+    """A 3-D Box of 0/1 integer or bool planes: a board game's grid (PettingZoo's connect four
+    [6, 7, 2], chess [8, 8, 111], go [19, 19, 17]), encoded as a small image is."""
+    return (isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype != np.uint8
+            and (np.issubdtype(space.dtype, np.integer) or space.dtype == np.bool_)
+            and bool(np.all(space.low == 0)) and bool(np.all(space.high == 1)))
+
+
+def is_grid(space: gym.Space) -> bool:
+    """An image or a board: the model encodes it with convolutions."""
+    return is_image(space) or is_board(space)
+
+
 def channel_last(space: gym.spaces.Box) -> bool:
     """[H, W, C] (MiniGrid, most renderers) rather than [C, H, W] (Atari's frame stacks): the last
-    dimension looks like colour channels and the first does not."""
-    return space.shape[-1] in (1, 3, 4) and space.shape[0] not in (1, 3, 4)
+    dimension looks like colour channels and the first does not. A board's planes are last
+    unless the first dimension alone is the smallest."""
+    h, w, c = space.shape
+    if is_board(space):
+        return not (h < min(w, c))
+    return c in (1, 3, 4) and h not in (1, 3, 4)
 
 
 def scaled_uint8(space: gym.Space) -> bool:

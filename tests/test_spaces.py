@@ -640,3 +640,21 @@ def test_uint8_observations_that_are_not_images_are_scaled():
     obs = torch.full((3, 5, 6), 255, dtype=torch.uint8)
     prepared = model.prepare({"obs": obs})["obs"]
     assert prepared.shape == (3, 30) and float(prepared.max()) == pytest.approx(1.0)
+
+
+def test_a_board_of_planes_is_encoded_as_a_small_image():
+    """PettingZoo's boards (0/1 planes, channels last) get the small-image encoder, not an MLP."""
+    from asyncrl.encoders import SmallCNN
+    from asyncrl.models import ActorCritic
+    from asyncrl.spaces import channel_last, is_board
+    connect_four = gym.spaces.Box(0, 1, (6, 7, 2), np.int8)
+    chess = gym.spaces.Box(0, 1, (8, 8, 111), bool)
+    planes_first = gym.spaces.Box(0, 1, (2, 6, 7), np.int8)
+    assert is_board(connect_four) and is_board(chess) and is_board(planes_first)
+    assert channel_last(connect_four) and channel_last(chess) and not channel_last(planes_first)
+    assert not is_board(gym.spaces.Box(0, 2, (6, 7, 2), np.int8))  # counts, not planes
+    assert not is_board(gym.spaces.Box(0.0, 1.0, (6, 7, 2), np.float32))
+    model = ActorCritic.from_spaces(connect_four, gym.spaces.Discrete(7))
+    assert isinstance(model.encoders[0], SmallCNN) and model.encoders[0].convs[0].in_channels == 2
+    params, values = model(torch.as_tensor(np.stack([connect_four.sample() for _ in range(3)])))
+    assert params.shape == (3, 7) and values.shape == (3,)
