@@ -343,9 +343,8 @@ class APPO(Parameters):
         try:
             pid = self._policy_id(policy_id)
             if self.agents is not None:
-                returns = [play_parallel_episode(self.agents, env, self._agent_actor(deterministic),
-                                                 None if seed is None else seed + ep, ep).get(pid, np.nan)
-                           for ep in range(n_episodes)]
+                returns = [self.play_agents(env, deterministic, None if seed is None else seed + ep,
+                                            ep).get(pid, np.nan) for ep in range(n_episodes)]
                 returns = [r for r in returns if r == r] or [np.nan]  # episodes it played
             else:
                 returns = [play_episode(self, env, deterministic, None if seed is None else seed + ep)[0]
@@ -353,6 +352,16 @@ class APPO(Parameters):
         finally:
             env.close()
         return float(np.mean(returns)), float(np.std(returns))
+
+    def play_agents(self, env: Any, deterministic: bool = True, seed: Optional[int] = None,
+                    episode_idx: int = 0) -> Dict[str, float]:
+        """One episode of a multi-agent ``env`` (one this model's factory made) played in this
+        process, each agent playing the policy the mapping gives it in episode ``episode_idx``:
+        {policy id: the mean return of its agents}."""
+        if self.agents is None:
+            raise ValueError("play_agents plays multi-agent envs; use evaluate() for this env")
+        return play_parallel_episode(self.agents, env, self._agent_actor(deterministic), seed,
+                                     episode_idx)
 
     def plot(self):
         """A matplotlib Figure of this model's learning curves so far (mean episode return and

@@ -2,8 +2,10 @@
 
     asyncrl train --env CartPole-v1 --experiment cartpole [--steps 500000] [--config hp.yaml]
                   [--train_dir train_dir] [--field value ...]      # the same again: resumes
+    asyncrl train --env mypackage.games:make_env --policies policies.yaml --experiment duel
+                                                                   # multi-agent (policy_file)
     asyncrl enjoy --experiment cartpole [--save_video] [--max_episodes 3] [--deterministic]
-    asyncrl evaluate --experiment cartpole --episodes 20
+    asyncrl evaluate --experiment cartpole --episodes 20 [--policy_id ID]
     asyncrl export --experiment cartpole [--out policy.onnx|policy.pt]  # for deployment
     asyncrl plot train_dir/cartpole [train_dir/other ...] [--out curves.png]
     asyncrl benchmark throughput --env ID [--sf] [config flags]   # or another script of benchmarks/
@@ -35,7 +37,8 @@ SCRIPTS = {"learn": "learning_suite"}  # benchmark names that are not their scri
 class RunDir:
     """``TRAIN_DIR/NAME`` of one experiment:
 
-    - ``config.yaml``: env, env_kwargs, total steps and every Config field, as resolved;
+    - ``config.yaml``: env, env_kwargs, total steps and every Config field, as resolved (and a
+      multi-agent run's policies file: its path and contents);
     - ``checkpoints/checkpoint_<env steps>.pt``: ``APPO.save`` files, the newest ``keep`` kept;
     - ``progress.csv``: the console summary's scalars (SB3's names), one row per summary;
     - ``tb/APPO_N``: TensorBoard scalars (one N per ``train`` command);
@@ -83,12 +86,16 @@ class RunDir:
         with open(self.config_path) as f:
             return yaml.safe_load(f)
 
-    def write_config(self, env, env_kwargs: dict, steps: int, cfg: Config) -> None:
+    def write_config(self, env, env_kwargs: dict, steps: int, cfg: Config,
+                     policies: Optional[tuple] = None) -> None:
+        """``policies``: (path, document) of a multi-agent run's policies file."""
         import yaml
         os.makedirs(self.path, exist_ok=True)
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
         doc = {"env": env if isinstance(env, str) else repr(env), "env_kwargs": env_kwargs or {},
                "steps": steps, "config": fields}
+        if policies is not None:
+            doc["policies_file"], doc["policies"] = policies
         with atomic_open(self.config_path) as f:
             yaml.safe_dump(doc, f, sort_keys=False)
 
@@ -143,6 +150,7 @@ def cmd_train(args: dict) -> None:
         raise ConfigError(f"--env_kwargs cannot change on resume (saved: {saved.get('env_kwargs')}); "
                           "choose another --experiment")
     env_kwargs = env_kwargs or saved.get("env_kwargs") or None
+    policy_file = _policy_file(args.pop("policies"), saved)
     steps = args.pop("steps") or saved.get("steps") or 1_000_000
     explicit = {**(read_hyperparams(args.pop("config"), env_text) if args.get("config") else {}),
                 **config_flags(args)}
@@ -150,12 +158,17 @@ def cmd_train(args: dict) -> None:
     checkpoint = run.latest_checkpoint()
     saved_cfg = saved.get("config") or {}
     if checkpoint is None:  # new, or stopped before its first checkpoint: saved config, then flags
-        model = APPO(env, env_kwargs=env_kwargs, **{**saved_cfg, **explicit})
+        agents = {} if policy_file is None else dict(policies=policy_file.policies,
+                                                     policy_mapping=policy_file.mapping)
+        model = APPO(env, env_kwargs=env_kwargs, **agents, **{**saved_cfg, **explicit})
+        if policy_file is not None and policy_file.frozen_weights:
+            model.set_parameters(policy_file.frozen_weights)
     else:  # the saved device unless one is given (load()'s own default is "auto", as SB3's)
         model = APPO.load(checkpoint, **{"device": saved_cfg.get("device", "auto"), **explicit})
         print(f"resuming {run.path} from {os.path.basename(checkpoint)} "
               f"({model.num_timesteps:,} env steps)" + _config_changes(saved.get("config"), model.config))
-    run.write_config(env_text, env_kwargs, steps, model.config)
+    run.write_config(env_text, env_kwargs, steps, model.config,
+                     None if policy_file is None else (policy_file.path, policy_file.doc))
     model.logger.log_to_csv(run.progress_csv)
     if model.num_timesteps >= steps:
         print(f"{run.path} has trained {model.num_timesteps:,} of --steps {steps:,}: nothing to do "
@@ -165,6 +178,21 @@ def cmd_train(args: dict) -> None:
     if bar is not None:
         model.logger.write = bar.write
     _train_with_checkpoints(model, run, steps, args, bar)
+
+
+def _policy_file(path: Optional[str], saved: dict):
+    """The experiment's policies file (see policy_file): the one given, else the saved one's
+    path; on resume it cannot change (the checkpoint holds the policies it trained)."""
+    from .policy_file import read_policy_file
+    path = path or saved.get("policies_file")
+    if path is None:
+        return None
+    parsed = read_policy_file(path)
+    if saved.get("policies") is not None and parsed.doc != saved["policies"]:
+        raise ConfigError(f"--policies {path} differs from the policies this experiment trains "
+                          "(config.yaml's 'policies'); they cannot change on resume: choose another "
+                          "--experiment")
+    return parsed
 
 
 def _config_changes(saved: Optional[dict], cfg: Config) -> str:
@@ -236,6 +264,8 @@ def cmd_enjoy(args: dict) -> None:
     from .env_utils import GymIdFactory, eval_env_factory
     run = RunDir(args["train_dir"], args["experiment"])
     model = _load(run, args["checkpoint"])
+    if model.agents is not None:
+        return _enjoy_agents(model, args)
     factory = eval_env_factory(model.env_factory)
     if args["save_video"] and isinstance(factory, GymIdFactory):
         factory = GymIdFactory(factory.env_id, {**factory.env_kwargs, "render_mode": "rgb_array"})
@@ -256,6 +286,20 @@ def cmd_enjoy(args: dict) -> None:
         if writer is not None:
             writer.close()
             print(f"wrote {writer.path}")
+
+
+def _enjoy_agents(model, args: dict) -> None:
+    """A multi-agent env's episodes: each policy's return (its agents' mean), printed."""
+    if args["save_video"]:
+        raise ConfigError("--save_video: videos are made of single-agent envs only; render a "
+                          "multi-agent env from Python (model.predict per agent)")
+    env = model.env_factory()
+    try:
+        for ep in range(args["max_episodes"]):
+            returns = model.play_agents(env, args["deterministic"], episode_idx=ep)
+            print(f"episode {ep}: " + ", ".join(f"{pid} {r:.2f}" for pid, r in returns.items()))
+    finally:
+        env.close()
 
 
 def _video_writer(run: RunDir, env):
@@ -292,8 +336,10 @@ def _checkpoint(args: dict):
 
 def cmd_evaluate(args: dict) -> None:
     run, checkpoint, model = _checkpoint(args)
-    mean, std = model.evaluate(args["episodes"], deterministic=not args["stochastic"])
+    mean, std = model.evaluate(args["episodes"], deterministic=not args["stochastic"],
+                               policy_id=args["policy_id"])
     result = dict(mean_return=mean, std_return=std, episodes=args["episodes"],
+                  policy_id=args["policy_id"] or model.policy_id,
                   deterministic=not args["stochastic"], env_steps=model.num_timesteps,
                   checkpoint=os.path.relpath(checkpoint, run.path))
     run.write_json("evaluation.json", result)
@@ -378,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="total env steps of the experiment (default: the saved value, else 1M)")
     p.add_argument("--config", default=None, help="YAML of Config fields, RL Zoo style "
                    "({env id: {field: value}} or flat); flags win over it")
+    p.add_argument("--policies", default=None, help="a multi-agent env's policies and mapping "
+                   "(YAML: trained, frozen with weights from files, rule-based module:function; "
+                   "see asyncrl.policy_file)")
     p.add_argument("--save_every", type=float, default=300.0, help="seconds between checkpoints")
     p.add_argument("--keep_checkpoints", type=int, default=3, help="newest checkpoints kept")
     p.add_argument("--progress_bar", action=argparse.BooleanOptionalAction,
@@ -394,6 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the latest)")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--stochastic", action="store_true", help="sampled actions (default: greedy)")
+    p.add_argument("--policy_id", default=None, help="a multi-agent model's policy whose agents' "
+                   "return is reported (default: the first trained)")
     p = sub.add_parser("export", allow_abbrev=False,
                        help="write the deterministic policy as ONNX or TorchScript, for deployment")
     _experiment_flags(p)

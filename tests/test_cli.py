@@ -197,3 +197,79 @@ def test_model_plot_keeps_the_whole_run_at_bounded_memory():
     assert len(steps) <= HISTORY_ROWS and steps[0] == 0 and steps[-1] == HISTORY_ROWS
     fig = curves_figure({"run": logger.history})
     assert fig._repr_png_().startswith(b"\x89PNG")
+
+
+SETUP = '''
+import sys
+sys.path.insert(0, {tests!r})
+from ma_envs import RepeatedRPS
+
+
+def make():
+    return RepeatedRPS(rounds=5)
+
+
+def rock(obs):
+    return 0
+
+
+def by_seat(agent):
+    return "hero" if agent == "player_0" else "bot"
+
+
+def hero_vs_rival(agent):
+    return "hero" if agent == "player_0" else "rival"
+'''
+
+
+def test_multi_agent_runs_from_a_policies_file(tmp_path):
+    """Trained (with overrides), rule-based and frozen policies and the mapping from YAML;
+    resume, evaluate and enjoy per policy; frozen weights read from another run's checkpoint."""
+    import torch
+    import yaml
+    (tmp_path / "duel_setup.py").write_text(SETUP.format(tests=os.path.dirname(__file__)))
+    (tmp_path / "policies.yaml").write_text(
+        "policies:\n  hero: {learning_rate: 0.003}\n  bot: {rule: 'duel_setup:rock'}\n"
+        "mapping: duel_setup:by_seat\n")
+    train = ["train", "--env", "duel_setup:make", "--experiment", "duel", *TINY]
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+
+    def cli(*args, check=True):
+        out = subprocess.run([sys.executable, "-m", "asyncrl", *args], capture_output=True,
+                             text=True, timeout=240, cwd=tmp_path, env=env)
+        assert not check or out.returncode == 0, out.stdout + out.stderr
+        return out
+
+    cli(*train, "--policies", "policies.yaml", "--steps", "1024")
+    saved = yaml.safe_load((tmp_path / "train_dir" / "duel" / "config.yaml").read_text())
+    assert saved["policies"]["mapping"] == "duel_setup:by_seat"
+    assert "resuming" in cli(*train, "--steps", "2048").stdout  # the saved file is read again
+    result = json.loads(cli("evaluate", "--experiment", "duel", "--episodes", "3",
+                            "--policy_id", "bot").stdout)
+    assert result["policy_id"] == "bot" and -5 <= result["mean_return"] <= 5
+    out = cli("enjoy", "--experiment", "duel", "--max_episodes", "2").stdout
+    assert "episode 1: hero" in out and "bot" in out
+    (tmp_path / "changed.yaml").write_text(
+        "policies:\n  hero: null\n  bot: {rule: 'duel_setup:rock'}\nmapping: duel_setup:by_seat\n")
+    out = cli(*train, "--policies", "changed.yaml", "--steps", "4096", check=False)
+    assert out.returncode == 2 and "cannot change on resume" in out.stderr
+    checkpoint = sorted((tmp_path / "train_dir" / "duel" / "checkpoints").iterdir())[-1]
+    (tmp_path / "rival.yaml").write_text(
+        f"policies:\n  hero: null\n  rival: {{frozen: true, weights: '{checkpoint}', weights_of: hero}}\n"
+        "mapping: duel_setup:hero_vs_rival\n")
+    cli("train", "--env", "duel_setup:make", "--experiment", "rival", *TINY, "--policies",
+        "rival.yaml", "--steps", "1024")
+    from asyncrl import APPO
+    sys.path.insert(0, str(tmp_path))
+    try:
+        old = APPO.load(checkpoint)
+        new = APPO.load(sorted((tmp_path / "train_dir" / "rival" / "checkpoints").iterdir())[-1])
+        hero, rival = old.get_parameters()["hero"], new.get_parameters()["rival"]
+        assert all(torch.equal(hero[k], rival[k]) for k in hero)
+        old.close(), new.close()
+    finally:
+        sys.path.remove(str(tmp_path))
+    (tmp_path / "bad.yaml").write_text("policies:\n  hero: null\n  bot: {rule: 'duel_setup:nope'}\n")
+    out = cli("train", "--env", "duel_setup:make", "--experiment", "bad", *TINY, "--policies",
+              "bad.yaml", check=False)
+    assert out.returncode == 2 and "policies.bot.rule: could not import nope" in out.stderr
