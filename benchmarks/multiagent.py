@@ -31,6 +31,11 @@
   lane, other spaces), trained against each other for ``--team_steps / 2`` prey steps, each
   side's return against random movers before and after. Written to
   ``multiagent_teams.{csv,json,png}``.
+- ``critic``: a centralised critic (``centralized_critic=True``: the value head reads the env's
+  global state) against independent learners at the same budget, ``--critic_seeds`` seeds:
+  speaker-listener with both trained (``--team_steps`` agent steps each; and the listener beside
+  a mute speaker), simple_spread's shared policy (``--critic_spread_steps``). Written to
+  ``multiagent_critic.{csv,json,png}``.
 - throughput: simple_spread's raw rate (random actions, one env per process, 2 processes) and
   asyncrl's rate once warm, both in agent steps per second.
 
@@ -153,6 +158,32 @@ def teams(steps: int) -> list:
     for r in runs:
         r.update(env="simple_speaker_listener_v4", random=rand, reference=f"random play {rand:.1f}")
     return runs + tag(steps // 2)
+
+
+def critic(steps: int, spread_steps: int, seeds: int) -> list:
+    """The centralised critic (``centralized_critic=True``) against independent learners, same
+    budget, ``seeds`` seeds each: speaker-listener with both trained (and the listener beside a
+    mute rule-based speaker), and simple_spread's shared policy."""
+    runs, rand = [], random_return(make_speaker_listener)
+    for seed in range(seeds):
+        for label, policies in (
+                ("both trained, centralised critic", {"speaker": {"centralized_critic": True},
+                                                      "listener": {"centralized_critic": True}}),
+                ("both trained, independent", {"speaker": None, "listener": None}),
+                ("mute speaker, listener trained", {"speaker": mute_speaker, "listener": None})):
+            run = learn(make_speaker_listener, steps, f"speaker-listener: {label}", seed=seed,
+                        policies=policies, policy_mapping=by_role)
+            run.update(env="simple_speaker_listener_v4", seed=seed, variant=label,
+                       reference=f"{label}, seed {seed}", random=rand)
+            runs.append(run)
+    rand = random_return(make_simple_spread)
+    for seed in range(seeds if spread_steps else 0):
+        for label, kw in (("centralised critic", {"centralized_critic": True}), ("independent", {})):
+            run = learn(make_simple_spread, spread_steps, f"simple_spread: {label}", seed=seed, **kw)
+            run.update(env="simple_spread_v3", seed=seed, variant=label,
+                       reference=f"{label}, seed {seed}", random=rand)
+            runs.append(run)
+    return runs
 
 
 BIAS = (0.5, 0.3, 0.2)  # the biased bot's rock, paper, scissors
@@ -321,8 +352,11 @@ def main():
     ap.add_argument("--round_steps", type=int, default=50_000)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--team_steps", type=int, default=1_000_000)
-    ap.add_argument("--tasks", default="spread,bot,selfplay,best,teams",
-                    help="which of spread (with the throughput), bot, selfplay, best, teams to run")
+    ap.add_argument("--critic_spread_steps", type=int, default=1_000_000)
+    ap.add_argument("--critic_seeds", type=int, default=3)
+    ap.add_argument("--tasks", default="spread,bot,selfplay,best,teams,critic",
+                    help="which of spread (with the throughput), bot, selfplay, best, teams, critic "
+                         "to run")
     args = ap.parse_args()
     tasks = args.tasks.split(",")
     os.makedirs(RESULTS, exist_ok=True)
@@ -335,6 +369,14 @@ def main():
         plot_curves(runs, "task", lambda task: task, lambda r: (f"C{r['seed']}", r["reference"]),
                     "agent steps", "training return", "asyncrl, a trained policy against a rule-based one",
                     out + ".png")
+    if "critic" in tasks:
+        runs = critic(args.team_steps, args.critic_spread_steps, args.critic_seeds)
+        out = os.path.join(RESULTS, "multiagent_critic")
+        write_runs(out, {}, runs, ["task", "seed"], ["agent_steps", "seconds", "ep_rew_mean"])
+        plot_curves(runs, "env", lambda env: env,
+                    lambda r: ("C0" if "critic" in r["variant"] else "C1" if "independent" in r["variant"]
+                               else "C2", r["reference"]), "agent steps", "training return per agent",
+                    "asyncrl, centralised critic against independent learners (2 cores)", out + ".png")
     if "teams" in tasks:
         runs = teams(args.team_steps)
         out = os.path.join(RESULTS, "multiagent_teams")
