@@ -262,8 +262,9 @@ def test_multi_agent_runs_from_a_policies_file(tmp_path):
     from asyncrl import APPO
     sys.path.insert(0, str(tmp_path))
     try:
-        old = APPO.load(checkpoint)
-        new = APPO.load(sorted((tmp_path / "train_dir" / "rival" / "checkpoints").iterdir())[-1])
+        old = APPO.load(checkpoint, tensorboard_log=None)
+        new = APPO.load(sorted((tmp_path / "train_dir" / "rival" / "checkpoints").iterdir())[-1],
+                        tensorboard_log=None)
         hero, rival = old.get_parameters()["hero"], new.get_parameters()["rival"]
         assert all(torch.equal(hero[k], rival[k]) for k in hero)
         old.close(), new.close()
