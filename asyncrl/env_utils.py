@@ -137,8 +137,7 @@ def _checked_spec(env, obs_space: gym.Space, act_space: gym.Space, source: Optio
         raise ConfigError(f"the env provides action masks ({source}) but its action space "
                           f"{act_space} has no discrete part to mask")
     spec = EnvSpec(obs_space, act_space, source, dist.mask_size if source else 0,
-                   turn_based=isinstance(env, TurnBasedEnv),
-                   global_state_size=0 if isinstance(env, gym.Env) else global_state_space(env).shape[0])
+                   turn_based=isinstance(env, TurnBasedEnv), global_state_size=_global_state_size(env))
     if not _contains(obs_space, obs):
         raise ConfigError(
             f"the env's first observation ({_describe(obs)}) does not lie in its declared "
@@ -146,6 +145,18 @@ def _checked_spec(env, obs_space: gym.Space, act_space: gym.Space, source: Optio
     if source is not None and moves:
         check_mask(read_mask(env, source, obs, info), spec.mask_size, source, act_space)
     return spec
+
+
+def _global_state_size(env) -> int:
+    """Floats of a multi-agent env's global state (a centralised critic's input); 0 for a
+    single-agent env, or where the state or an agent's observation space does not flatten to a
+    vector (a rule-based agent may see anything): a critic asked for then says so."""
+    if isinstance(env, gym.Env):
+        return 0
+    try:
+        return int(global_state_space(env).shape[0])
+    except Exception:
+        return 0
 
 
 def _mask_source(obs_space: gym.Space, obs: Any, info: dict) -> Optional[str]:

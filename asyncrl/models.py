@@ -83,11 +83,14 @@ class ActorCritic(nn.Module):
                 "cannot wrap a whole custom policy= network nor separate value features "
                 "(share_features_extractor=False); give a features_extractor_class instead")
         self.centralized = cfg.centralized_critic  # the value head reads the global state
-        if self.centralized and (spec.policy is not None or not env.global_state_size):
-            raise ConfigError("centralized_critic=True needs a multi-agent env (its global state "
-                              "is the critic's input) and the built-in network, not policy=" if
-                              env.global_state_size else "centralized_critic=True applies to "
-                              "multi-agent envs (PettingZoo); this env has a single agent")
+        if self.centralized and not env.global_state_size:
+            raise ConfigError("centralized_critic=True applies to multi-agent envs (PettingZoo) whose "
+                              "global state flattens to a vector (their state() and state_space, "
+                              "or every agent's observation: gymnasium.spaces.flatten); this env "
+                              "has a single agent, or such a state does not flatten")
+        if self.centralized and spec.policy is not None:
+            raise ConfigError("centralized_critic=True needs the built-in network (its value head "
+                              "reads the global state), not policy=")
         self.state_norm = RunningNorm((env.global_state_size,)) if self.centralized and \
             cfg.normalize_obs else None
         if spec.policy is not None:

@@ -34,8 +34,9 @@
 - ``critic``: a centralised critic (``centralized_critic=True``: the value head reads the env's
   global state) against independent learners at the same budget, ``--critic_seeds`` seeds:
   speaker-listener with both trained (``--team_steps`` agent steps each; and the listener beside
-  a mute speaker), simple_spread's shared policy (``--critic_spread_steps``). Written to
-  ``multiagent_critic.{csv,json,png}``.
+  a mute or an oracle speaker: ``--critic_variants``), simple_spread's shared policy
+  (``--critic_spread_steps``); ``--critic_envs speaker,spread``. Written (after every run) to
+  ``--critic_out`` (``multiagent_critic``)``.{csv,json,png}``.
 - throughput: simple_spread's raw rate (random actions, one env per process, 2 processes) and
   asyncrl's rate once warm, both in agent steps per second.
 
@@ -160,29 +161,37 @@ def teams(steps: int) -> list:
     return runs + tag(steps // 2)
 
 
-def critic(steps: int, spread_steps: int, seeds: int) -> list:
+SPEAKER_VARIANTS = {
+    "both trained, centralised critic": {"speaker": {"centralized_critic": True},
+                                         "listener": {"centralized_critic": True}},
+    "both trained, independent": {"speaker": None, "listener": None},
+    "mute speaker, listener trained": {"speaker": mute_speaker, "listener": None},
+    "oracle speaker, listener trained": {"speaker": oracle_speaker, "listener": None}}
+
+
+def critic(steps: int, spread_steps: int, seeds: int, envs: list, variants: list, out: str) -> list:
     """The centralised critic (``centralized_critic=True``) against independent learners, same
-    budget, ``seeds`` seeds each: speaker-listener with both trained (and the listener beside a
-    mute rule-based speaker), and simple_spread's shared policy."""
-    runs, rand = [], random_return(make_speaker_listener)
-    for seed in range(seeds):
-        for label, policies in (
-                ("both trained, centralised critic", {"speaker": {"centralized_critic": True},
-                                                      "listener": {"centralized_critic": True}}),
-                ("both trained, independent", {"speaker": None, "listener": None}),
-                ("mute speaker, listener trained", {"speaker": mute_speaker, "listener": None})):
+    budget, ``seeds`` seeds each: speaker-listener (``variants`` of SPEAKER_VARIANTS) and
+    simple_spread's shared policy. The results are written after every run."""
+    runs = []
+
+    def add(run: dict) -> None:
+        runs.append(run)
+        write_runs(out, {}, runs, ["task", "seed"], ["agent_steps", "seconds", "ep_rew_mean"])
+
+    rand = random_return(make_speaker_listener) if "speaker" in envs else None
+    for seed in range(seeds if "speaker" in envs else 0):
+        for label in variants:
             run = learn(make_speaker_listener, steps, f"speaker-listener: {label}", seed=seed,
-                        policies=policies, policy_mapping=by_role)
-            run.update(env="simple_speaker_listener_v4", seed=seed, variant=label,
-                       reference=f"{label}, seed {seed}", random=rand)
-            runs.append(run)
-    rand = random_return(make_simple_spread)
-    for seed in range(seeds if spread_steps else 0):
+                        policies=SPEAKER_VARIANTS[label], policy_mapping=by_role)
+            add(dict(run, env="simple_speaker_listener_v4", seed=seed, variant=label,
+                     reference=f"{label}, seed {seed}", random=rand))
+    rand = random_return(make_simple_spread) if "spread" in envs else None
+    for seed in range(seeds if "spread" in envs else 0):
         for label, kw in (("centralised critic", {"centralized_critic": True}), ("independent", {})):
             run = learn(make_simple_spread, spread_steps, f"simple_spread: {label}", seed=seed, **kw)
-            run.update(env="simple_spread_v3", seed=seed, variant=label,
-                       reference=f"{label}, seed {seed}", random=rand)
-            runs.append(run)
+            add(dict(run, env="simple_spread_v3", seed=seed, variant=label,
+                     reference=f"{label}, seed {seed}", random=rand))
     return runs
 
 
@@ -354,6 +363,11 @@ def main():
     ap.add_argument("--team_steps", type=int, default=1_000_000)
     ap.add_argument("--critic_spread_steps", type=int, default=1_000_000)
     ap.add_argument("--critic_seeds", type=int, default=3)
+    ap.add_argument("--critic_envs", default="speaker,spread")
+    ap.add_argument("--critic_variants", default="both trained, centralised critic;both trained, "
+                    "independent;mute speaker, listener trained",
+                    help="';'-separated speaker-listener variants: " + "; ".join(SPEAKER_VARIANTS))
+    ap.add_argument("--critic_out", default="multiagent_critic")
     ap.add_argument("--tasks", default="spread,bot,selfplay,best,teams,critic",
                     help="which of spread (with the throughput), bot, selfplay, best, teams, critic "
                          "to run")
@@ -370,9 +384,9 @@ def main():
                     "agent steps", "training return", "asyncrl, a trained policy against a rule-based one",
                     out + ".png")
     if "critic" in tasks:
-        runs = critic(args.team_steps, args.critic_spread_steps, args.critic_seeds)
-        out = os.path.join(RESULTS, "multiagent_critic")
-        write_runs(out, {}, runs, ["task", "seed"], ["agent_steps", "seconds", "ep_rew_mean"])
+        out = os.path.join(RESULTS, args.critic_out)
+        runs = critic(args.team_steps, args.critic_spread_steps, args.critic_seeds,
+                      args.critic_envs.split(","), args.critic_variants.split(";"), out)
         plot_curves(runs, "env", lambda env: env,
                     lambda r: ("C0" if "critic" in r["variant"] else "C1" if "independent" in r["variant"]
                                else "C2", r["reference"]), "agent steps", "training return per agent",

@@ -104,5 +104,5 @@ def test_a_centralised_critic_without_agents_or_with_a_custom_network_is_a_clear
         def forward(self, obs):
             return self.pi(obs), self.v(obs).squeeze(-1)
 
-    with pytest.raises(ConfigError, match="the built-in network, not policy="):
+    with pytest.raises(ConfigError, match="needs the built-in network"):
         APPO(ma_envs.leaving, policy=Net, centralized_critic=True, serial_mode=True, **FAST)
