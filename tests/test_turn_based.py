@@ -9,6 +9,7 @@ import torch
 import ma_envs
 from asyncrl import APPO, ConfigError
 from asyncrl.losses import ppo_loss
+from asyncrl.multiagent import AgentView
 from asyncrl.turns import TurnBasedEnv
 from test_learner import T, B, make_learner, on_policy_batch
 from test_multiagent import FAST, batches  # noqa: F401 (a fixture)
@@ -112,6 +113,12 @@ def test_a_rule_based_opponent_moves_only_on_its_turn():
               serial_mode=True, **FAST) as model:
         model.train(6_000)
         assert model.evaluate(20, seed=0, policy_id="hero")[0] == pytest.approx(1.0)  # copies 0
+        # one agent's view for single-agent tools: the bot moves first, then it is the hero's turn
+        view = AgentView(model.env_factory(), model.agents, "hero", model._agent_actor(True))
+        obs, _ = view.reset(seed=0)
+        assert view.agent == "player_1" and obs["observation"][2] == 1.0  # sees the bot's 0
+        _, reward, terminated, _, _ = view.step(0)
+        assert reward == 1.0 and terminated
 
 
 @pytest.mark.timeout(30)
