@@ -40,10 +40,10 @@ WAITING = "waiting"      # a turn-based game's: the lane's agent did not move in
 def buffer_spec(env: EnvSpec, dist, state_size: int = 0,
                 global_state: bool = False) -> Dict[str, Entry]:
     """The one description of a trajectory slot: the observed leaves (the action mask, and the
-    global state for a centralised critic: ``global_state``) from the env spec, a recurrent model's state (``state_size`` floats: the state each step was
-    acted from; row T, the state after the last step, starts the next slot as observations
-    do), the actions from the distribution, then STEP_ENTRIES, and for a turn-based game
-    ``WAITING`` (see turns)."""
+    global state for a centralised critic: ``global_state``) from the env spec, a recurrent
+    model's state (``state_size`` floats: the state each step was acted from; row T, the state
+    after the last step, starts the next slot as observations do), the actions from the
+    distribution, then STEP_ENTRIES, and for a turn-based game ``WAITING`` (see turns)."""
     actions = Entry((dist.action_size,), torch.int64 if dist.discrete else torch.float32, False)
     state = {RNN_STATE: Entry((state_size,), torch.float32, True)} if state_size else {}
     turns = {WAITING: Entry((), torch.bool, False)} if env.turn_based else {}
