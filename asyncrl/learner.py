@@ -528,7 +528,8 @@ class Learner:
         cfg = self.cfg
         if cfg.normalize_advantages and pg_weight.sum() > 1:
             mean = masked_mean(advantages, pg_weight)
-            std = masked_mean((advantages - mean) ** 2, pg_weight).mul(pg_weight.sum() / (pg_weight.sum() - 1)).sqrt()
+            n = pg_weight.sum()
+            std = masked_mean((advantages - mean) ** 2, pg_weight).mul(n / (n - 1)).sqrt()
             advantages = (advantages - mean) / (std + 1e-8)
         if evaluated is None:
             new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)

@@ -348,7 +348,8 @@ class AgentView(gym.Env):
         while not (terminated or truncated) and self.agent not in movers(self.env):
             r, terminated, truncated = self._step_env(None)  # a turn-based game: the others move
             reward += r
-        return self.obs.get(self.agent, self.last), reward, terminated, truncated, self.infos.get(self.agent, {})
+        return (self.obs.get(self.agent, self.last), reward, terminated, truncated,
+                self.infos.get(self.agent, {}))
 
     def _step_env(self, action) -> tuple:
         """One step of the env, ``action`` for the view's agent if it is to move; returns its
