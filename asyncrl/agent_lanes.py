@@ -122,7 +122,8 @@ class AgentLanes:
             waiting_out = None if pool.waiting_np is None else pool.waiting_np[s.slot_idx, t]
             for lane, a in enumerate(s.lane_agent[i]):
                 col = i * pool.lanes + lane
-                if a is not None and a in stepped:
+                live = a is not None and a in stepped
+                if live:
                     term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
                     rewards_out[col] = rewards.get(a, 0.0)
                     dones_out[col] = term or trunc or a not in env.agents
@@ -131,7 +132,7 @@ class AgentLanes:
                     rewards_out[col], dones_out[col], truncated_out[col] = 0.0, True, False
                     versions_out[col] = -1
                 if waiting_out is not None:
-                    waiting_out[col] = a is not None and a in stepped and a not in acting
+                    waiting_out[col] = live and a not in acting
         self._count_agent_episodes(group, i, env, stepped, rewards, terms, truncs)
         if not env.agents:
             try:

@@ -497,7 +497,8 @@ class Learner:
         cfg = self.cfg
         n = advantages.shape[0]
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
-        weight, pg_weight = keep.float(), moves.float()
+        weight = keep.float()
+        pg_weight = weight if moves is keep else moves.float()
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         for _ in range(cfg.num_epochs):
             # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
@@ -526,9 +527,8 @@ class Learner:
         ``weight``: 1 for samples trained on, 0 for masked ones; ``pg_weight``: the same for the
         policy's terms."""
         cfg = self.cfg
-        if cfg.normalize_advantages and pg_weight.sum() > 1:
+        if cfg.normalize_advantages and (n := pg_weight.sum()) > 1:
             mean = masked_mean(advantages, pg_weight)
-            n = pg_weight.sum()
             std = masked_mean((advantages - mean) ** 2, pg_weight).mul(n / (n - 1)).sqrt()
             advantages = (advantages - mean) / (std + 1e-8)
         if evaluated is None:

@@ -100,8 +100,8 @@ class ActorCritic(nn.Module):
             return
         act = kw.get("activation_fn", ACTIVATIONS[cfg.activation])
         self.encoders = self._extractor(env, cfg, kw, ortho)
-        self.vf_encoders = None if kw.get("share_features_extractor", True) else \
-            self._extractor(env, cfg, kw, ortho)
+        separate = not kw.get("share_features_extractor", True) and not self.centralized
+        self.vf_encoders = self._extractor(env, cfg, kw, ortho) if separate else None
         features = self._features_dim(self.encoders)
         if cfg.use_rnn:
             self.core = RecurrentCore(cfg.rnn_type, features, cfg.rnn_size)

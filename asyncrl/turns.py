@@ -18,9 +18,8 @@ from typing import Any, Callable, Dict, List, Optional
 def is_aec_env(env: Any) -> bool:
     """PettingZoo's AEC API, by duck typing (pettingzoo stays optional; ``agent_selection`` and
     ``rewards`` appear only after reset)."""
-    return not isinstance(env, TurnBasedEnv) and all(  # (the view passes the game's methods on)
-        callable(getattr(env, name, None))
-        for name in ("observe", "last", "agent_iter", "step", "observation_space"))
+    return all(callable(getattr(env, name, None))
+               for name in ("observe", "last", "agent_iter", "step", "observation_space"))
 
 
 def movers(env: Any) -> List[str]:
@@ -33,8 +32,8 @@ class TurnBasedEnv:
     """A PettingZoo ``AECEnv`` as a ``ParallelEnv`` that moves one agent per step (see the
     module's docstring). ``step(actions)`` reads only ``actions[agent to move]``; agents whose
     game is over are stepped out (PettingZoo's ``step(None)``) before the step returns, so
-    ``agents`` is empty once the game ended. Other attributes (``state``, ``render``,
-    ``unwrapped``) are the game's."""
+    ``agents`` is empty once the game ended. ``state()`` and ``state_space`` are the game's
+    (a centralised critic's input), where it has them."""
 
     def __init__(self, env: Any):
         self.env = env
@@ -88,10 +87,12 @@ class TurnBasedEnv:
     def close(self) -> None:
         self.env.close()
 
-    def __getattr__(self, name: str):
-        if name == "env":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.env, name)
+    @property
+    def state_space(self):
+        return self.env.state_space  # AttributeError where the game declares none
+
+    def state(self):
+        return self.env.state()
 
     def __repr__(self):
         return f"TurnBasedEnv({self.env})"
