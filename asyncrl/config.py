@@ -86,6 +86,11 @@ class Config:
         "clips away samples whose policy has drifted by more than clip_coef.")
     vf_clip_coef: Optional[float] = _f(
         None, "Clip of the value change per update (None: unclipped value loss).")
+    target_kl: Optional[float] = _f(
+        0.02, "End an update early, before the first minibatch that finds the policy moved by "
+        "more than 1.5 x this KL from where the update started (SB3's target_kl): a converged, "
+        "nearly deterministic policy otherwise takes jumps that can collapse it. None: every "
+        "minibatch of every epoch steps.")
     ent_coef: float = _f(0.005, "Entropy bonus coefficient.")
     vf_coef: float = _f(0.5, "Value loss coefficient.")
     max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
@@ -256,6 +261,8 @@ class Config:
                   "must be a number in [0, 1]")
         check(self.reward_clip is None or (is_num(self.reward_clip) and self.reward_clip > 0),
               "reward_clip", "must be None or a number > 0")
+        check(self.target_kl is None or (is_num(self.target_kl) and self.target_kl > 0),
+              "target_kl", "must be None or a number > 0")
         check(self.vf_clip_coef is None or (is_num(self.vf_clip_coef) and self.vf_clip_coef > 0),
               "vf_clip_coef", "must be None or a number > 0")
         check(isinstance(self.hidden_sizes, tuple) and len(self.hidden_sizes) >= 1
@@ -327,7 +334,7 @@ def valid_device(device: str) -> bool:
 # +18 was measured (docs/guides/atari.md).
 ATARI_DEFAULTS = dict(rollout=128, learning_rate=2.5e-4, gamma=0.99, vtrace_lambda=0.95,
                       clip_coef=0.1, ent_coef=0.01, minibatch_size=256, num_epochs=4,
-                      reward_clip=1.0, learner_threads=2, normalize_returns=False)
+                      reward_clip=1.0, learner_threads=2, normalize_returns=False, target_kl=None)
 ATARI_BATCH_SIZE = 1024  # rounded to a multiple of the slot size
 # ... and with no GPU to learn on: synchronous (as Sample Factory's Atari preset, async_rl=False).
 # The CNN's backward pass is then the bottleneck, and it runs fastest with the cores to itself:
@@ -353,7 +360,7 @@ DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs
                      learning_rate=2.5e-4, adam_eps=1e-6, gamma=0.99, vtrace_lambda=0.95,
                      clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,
                      cnn="doom", use_rnn=True, rnn_type="gru", rnn_size=512, normalize_obs=True,
-                     normalize_returns=True, num_workers=2, num_envs_per_worker=8)
+                     normalize_returns=True, num_workers=2, num_envs_per_worker=8, target_kl=None)
 FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 
 
@@ -362,10 +369,11 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # entropy bonus, 10 epochs (their gamma 0.99, lambda 0.95 and return normalisation are every
 # env's defaults now). Asynchronous (APPO, V-trace) with
 # minibatches of 512 rather than their synchronous PPO: on two cores it trained faster and learned
-# as well or better (docs/benchmarks/measured.md, "Continuous control").
+# as well or better (docs/benchmarks/measured.md, "Continuous control"). No target_kl: the presets
+# (this, Atari's, VizDoom's) keep the settings they were measured with.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=512,
-                           normalize_obs=True)
+                           normalize_obs=True, target_kl=None)
 
 
 def available_cores() -> int:

@@ -26,6 +26,7 @@ from .vtrace import VTraceReturns, vtrace
 
 
 HPARAM_LOG_NAMES = {"clip_coef": "clip_range"}  # logged under SB3's names
+STOP = "stop"  # a minibatch step's answer when target_kl ends the update before it
 MINIBATCH_STATS = ("policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
                    "grad_norm", "loss")
 
@@ -454,7 +455,7 @@ class Learner:
         moves = keep if batch.waiting is None else keep & ~batch.waiting.flatten()
         stats = self._epochs(batch, steps, batch.actions.flatten(0, 1),
                              None if mask is None else mask[:T * B], ratio_ref, advantages,
-                             old_values, returns, keep, moves, evaluated)
+                             old_values, returns, keep, moves, evaluated, old_log_probs.flatten())
         if stats is None:
             return None
         valid_lag = lag[valid]
@@ -487,7 +488,7 @@ class Learner:
             yield idx, dict(state=batch.rnn_state[0, cols], starts=starts[:, cols])
 
     def _epochs(self, batch, obs, actions, mask, ratio_ref, advantages, old_values, returns,
-                keep, moves, evaluated=None) -> Optional[dict]:
+                keep, moves, evaluated=None, start_log_probs=None) -> Optional[dict]:
         """num_epochs passes of shuffled minibatches over the batch's [T*B] samples (whole
         trajectories for a recurrent model); masked (stale or restarted) samples take part in
         no loss and no advantage normalisation, and only ``moves`` of the kept ones in the
@@ -500,7 +501,10 @@ class Learner:
         weight = keep.float()
         pg_weight = weight if moves is keep else moves.float()
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
+        stopped_early = 0
         for _ in range(cfg.num_epochs):
+            if stopped_early:
+                break
             # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
             order = torch.randperm(n if batch.rnn_state is None else B)
             chunks = [(slice(0, n), {})] if evaluated is not None else self._chunks(batch, T, order)
@@ -510,20 +514,28 @@ class Learner:
                 out = self._minibatch_step(index_obs(obs, mb), actions[mb],
                                            None if mask is None else mask[mb], ratio_ref[mb],
                                            advantages[mb], old_values[mb], returns[mb], weight[mb],
-                                           pg_weight[mb], clip_coef, rec, evaluated)
+                                           pg_weight[mb], clip_coef, rec, evaluated,
+                                           None if start_log_probs is None else start_log_probs[mb])
+                if out is STOP:
+                    stopped_early = 1
+                    break
                 if out is None:
                     skipped += 1
                     continue
                 sums, num_steps = sums + out, num_steps + 1
         stats = dict(zip(MINIBATCH_STATS, (sums / max(num_steps, 1)).tolist()))  # one device sync
         stats["nonfinite_skipped"] = skipped
+        stats["stopped_early"] = stopped_early
         return stats
 
     def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
                         returns, weight, pg_weight, clip_coef, rec: dict,
-                        evaluated: Optional[tuple] = None) -> Optional[torch.Tensor]:
-        """One gradient step; returns the MINIBATCH_STATS values as one tensor, or None when the
-        loss or a gradient was not finite (the step is skipped: the weights stay finite).
+                        evaluated: Optional[tuple] = None,
+                        start_log_probs: Optional[torch.Tensor] = None) -> Any:
+        """One gradient step; returns the MINIBATCH_STATS values as one tensor, None when the
+        loss or a gradient was not finite (the step is skipped: the weights stay finite), or
+        STOP, without a step, when ``cfg.target_kl`` is set and the policy has moved by more
+        than 1.5 x it from ``start_log_probs`` (the update's starting policy) on these samples.
         ``weight``: 1 for samples trained on, 0 for masked ones; ``pg_weight``: the same for the
         policy's terms."""
         cfg = self.cfg
@@ -536,6 +548,11 @@ class Learner:
             new_values = self.model.normalize_values(new_values)
         else:
             new_log_probs, entropy, new_values = evaluated
+        if cfg.target_kl is not None and start_log_probs is not None:
+            # KL from the policy at the update's start, as this minibatch finds it (SB3's check)
+            d = new_log_probs.detach() - start_log_probs
+            if float(masked_mean(d.exp() - 1.0 - d, pg_weight)) > 1.5 * cfg.target_kl:
+                return STOP
         out = ppo_loss(new_log_probs, ratio_ref, advantages, new_values,
                        old_values, returns, entropy, clip_coef=clip_coef,
                        vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,

@@ -275,3 +275,22 @@ def test_masked_samples_count_in_no_statistic_and_no_advantage_normalisation(mon
     (advantages, mask), = seen
     kept = advantages[mask > 0]
     assert kept.mean().abs() < 1e-5 and kept.std().item() == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("target_kl", [None, 0.01])
+def test_target_kl_ends_the_update_once_the_policy_moved_too_far(target_kl):
+    """A step large enough to move the policy by far more than 1.5 x target_kl from where the
+    update started ends the update there (SB3's target_kl); without one, every minibatch of
+    every epoch steps."""
+    from asyncrl.buffers import SharedControl
+    learner = make_learner(minibatch_size=5, batch_size=15, rollout=5, num_envs_per_worker=6,
+                           num_epochs=4, target_kl=target_kl)
+    learner.ctl = SharedControl()
+    learner.version = 0
+    learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=0.5)
+    stats = learner.train_on(on_policy_batch(learner, done_at=(2, 1), truncated=False))
+    steps = int(next(iter(learner.optimizer.state.values()))["step"])
+    if target_kl is None:
+        assert steps == 4 * 3 and stats["stopped_early"] == 0
+    else:
+        assert steps == 1 and stats["stopped_early"] == 1
