@@ -130,8 +130,9 @@ class Learner:
     def __init__(self, cfg: Config, policy_spec: PolicySpec, device: str, buffers: TrajectoryBuffers,
                  weights: SharedWeights, optimizer_state: SharedOptimizerState,
                  hparams: SharedHyperParams, ctl: SharedControl, queues, optimizer_path: str,
-                 serial: bool = False, name: str = "learner"):
-        """``ctl``: its trained policy's row; ``queues``: that policy's (``PolicyQueues``)."""
+                 serial: bool = False, name: str = "learner", trained_idx: int = 0):
+        """``ctl``: its trained policy's row; ``queues``: that policy's (``PolicyQueues``);
+        ``trained_idx``: the policy's index among the run's trained ones (its RNG's seed)."""
         self.cfg, self.device = cfg, torch.device(device)
         self.policy_spec = policy_spec
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
@@ -143,6 +144,9 @@ class Learner:
         self.wake_rollout_workers = queues.ring_all
         self.report_queue = queues.report
         self.name = name
+        # Its own generator of minibatch orders (saved and restored with Adam's state): trained
+        # policies sharing a process (serial mode) or a seed draw their own streams.
+        self.rng, self.trained_idx = torch.Generator(), trained_idx
         # Beside other trained policies, one that reached its target goes on training until the
         # pause (all have reached theirs): its agents keep playing, its slots must keep flowing.
         self.train_past_target = ctl is not None and ctl.num_policies > 1
@@ -162,6 +166,9 @@ class Learner:
             keep_freed_memory()
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + 20_000)
+            self.rng.manual_seed(cfg.seed + 20_000 + 1_000 * self.trained_idx)
+        else:
+            self.rng.seed()
         self.model = ActorCritic(self.policy_spec, cfg).to(self.device)
         # A learner replacing a killed one goes on from the last published weights, their
         # counters and Adam's state after the update that made them.
@@ -202,7 +209,7 @@ class Learner:
             self.optimizer.load_state_dict(torch.load(self.optimizer_path, map_location=self.device))
             self.hparams_version = None  # re-apply the learning rate
         if os.path.exists(rng_path(self.optimizer_path)):  # minibatch order continues on resume
-            torch.set_rng_state(torch.load(rng_path(self.optimizer_path)))
+            self.rng.set_state(torch.load(rng_path(self.optimizer_path)))
 
     def _apply_hparams(self) -> None:
         """Pick up hyper-parameters the main process changed (validated there)."""
@@ -335,7 +342,7 @@ class Learner:
             return  # the model was dropped and its scratch directory removed: nobody reads them
         try:
             atomic_torch_save(self.optimizer.state_dict(), self.optimizer_path, durable=False)
-            atomic_torch_save(torch.get_rng_state(), rng_path(self.optimizer_path), durable=False)
+            atomic_torch_save(self.rng.get_state(), rng_path(self.optimizer_path), durable=False)
         except FileNotFoundError:
             if os.path.isdir(os.path.dirname(self.optimizer_path)):
                 raise  # removed while writing: as above
@@ -345,7 +352,7 @@ class Learner:
         one moment (weights, Adam, counters, RNG), to ``snapshot_path``."""
         request = self.ctl[Ctl.SNAPSHOT_REQUEST]
         state = {"policy": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-                 "optimizer": self.optimizer.state_dict(), "learner_rng": torch.get_rng_state(),
+                 "optimizer": self.optimizer.state_dict(), "learner_rng": self.rng.get_state(),
                  "policy_version": self.version, "num_timesteps": self.ctl[Ctl.TRAINED_ENV_STEPS]}
         atomic_torch_save(state, snapshot_path(self.optimizer_path), durable=False)
         self.snapshot_served = request
@@ -506,7 +513,7 @@ class Learner:
             if stopped_early:
                 break
             # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
-            order = torch.randperm(n if batch.rnn_state is None else B)
+            order = torch.randperm(n if batch.rnn_state is None else B, generator=self.rng)
             chunks = [(slice(0, n), {})] if evaluated is not None else self._chunks(batch, T, order)
             for mb, rec in chunks:
                 if self.ctl.stopping:

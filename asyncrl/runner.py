@@ -175,7 +175,8 @@ class PolicyPart:
         out.append((self.learner_name, Make(Learner, policy_spec=self.spec, device=device,
                                             weights=self.weights, optimizer_state=self.optimizer_state,
                                             hparams=self.hparams, optimizer_path=self.optimizer_path,
-                                            name=self.learner_name, **common)))
+                                            name=self.learner_name, trained_idx=self.k,
+                                            **common)))
         return out
 
     def start(self, job: Job) -> None:

@@ -423,6 +423,62 @@ def test_one_trained_policys_parameters_leave_the_other_alone_and_round_trip(tmp
         loaded.close()
 
 
+def adam_steps(optimizer_state: dict) -> int:
+    return int(next(iter(optimizer_state["state"].values()))["step"])
+
+
+def _trained_entries(path) -> dict:
+    return torch.load(path, weights_only=False)["trained"]
+
+
+def _same(a, b) -> bool:
+    """Equal nested dicts/lists of tensors and numbers."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.timeout(90)
+def test_two_trained_policies_save_load_and_resume_each_ones_own_rng_adam_and_counters(tmp_path):
+    """Each trained policy's weights, Adam state, learner RNG and counters round-trip under its
+    own id (a loaded model saves the same file's entries), and a loaded model's learners go on
+    from them: Adam's step count continues from the saved one, and the RNG each learner saves
+    next descends from its own (different per policy: one file for all once made them equal)."""
+    # target_kl=None: every minibatch steps, so Adam's step count follows from the updates
+    with APPO(ma_envs.cues, serial_mode=True, target_kl=None, **{**FAST, **TWO}) as model:
+        model.train(2_000)
+        model.save(tmp_path / "a.pt")
+    saved = _trained_entries(tmp_path / "a.pt")
+    assert set(saved) == {"small", "big"}
+    assert not torch.equal(saved["small"]["learner_rng"], saved["big"]["learner_rng"])
+    loaded = APPO.load(tmp_path / "a.pt", serial_mode=True)
+    try:
+        loaded.save(tmp_path / "b.pt")  # nothing trained in between: the same state per id
+        again = _trained_entries(tmp_path / "b.pt")
+        for pid in ("small", "big"):
+            for key in ("state_dict", "optimizer", "learner_rng", "policy_version", "num_timesteps"):
+                assert _same(again[pid][key], saved[pid][key]), (pid, key)
+        loaded.train(1_000)
+        loaded.save(tmp_path / "c.pt")
+    finally:
+        loaded.close()
+    after = _trained_entries(tmp_path / "c.pt")
+    for pid in ("small", "big"):
+        cfg = loaded.trainees[pid].config(loaded.config)
+        steps_per_update = cfg.num_epochs * cfg.batch_size // cfg.minibatch_size
+        updates = after[pid]["policy_version"] - saved[pid]["policy_version"]
+        assert updates > 0
+        assert adam_steps(after[pid]["optimizer"]) == adam_steps(saved[pid]["optimizer"]) \
+            + updates * steps_per_update  # resumed, not a fresh Adam
+        assert after[pid]["num_timesteps"] > saved[pid]["num_timesteps"]
+        assert not torch.equal(after[pid]["learner_rng"], saved[pid]["learner_rng"])
+    assert not torch.equal(after["small"]["learner_rng"], after["big"]["learner_rng"])
+
+
 @pytest.mark.timeout(120)
 def test_two_trained_policies_in_worker_processes_survive_a_killed_learner_and_leave_nothing(tmp_path):
     """... and each keeps its own files: the killed learner resumes from its own Adam state and
