@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import random
 import shutil
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -15,7 +16,7 @@ from asyncrl.envs import env_family
 
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .acting import as_numpy, play_episode, predict_mask, predict_state, stack_actions
-from .config import MUTABLE_HPARAMS, Config, ConfigError
+from .config import MUTABLE_HPARAMS, Config, ConfigError, ConfigKwargs
 from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
 from .fileio import make_scratch_dir, policy_folder
@@ -26,6 +27,9 @@ from .parameters import Parameters
 from .runner import Runner
 from .trainee import Trainee, build_trainee, run_defaults
 from .spaces import MASK_KEY
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 def resolve_device(device: str) -> str:
     """"auto" -> "cuda" when torch sees a GPU, else "cpu"; an unusable choice raises.
@@ -97,7 +101,7 @@ class APPO(Parameters):
     def __init__(self, env: Any = "CartPole-v1", *, env_kwargs: Optional[dict] = None,
                  policy_kwargs: Optional[dict] = None, policy: Optional[type] = None,
                  policies: Optional[dict] = None, policy_mapping: Optional[Callable] = None,
-                 **kwargs):
+                 **kwargs: Unpack[ConfigKwargs]):
         probed = probe_env(make_env_factory(env, env_kwargs), policies, policy_mapping)
         self.env_factory = probed.factory
         self.agents, self.policies, self.policy_mapping = probed.agents, policies, policy_mapping
@@ -468,6 +472,33 @@ def _hparam_attribute(name: str) -> property:
         self.config = self.config.replace(**{name: _schedule_value(name, value, 1.0)})
         self._hparams_set[name] = value
     return property(get, set_, doc=f"``{name}``: a number or a schedule (see the class docstring)")
+
+
+def _config_signature(init: Callable) -> inspect.Signature:
+    """``init``'s own parameters, then every key of ConfigKwargs keyword-only with its Config
+    default and type, as ``help()``, ``inspect.signature`` and notebooks show ``APPO(...)``."""
+    sig = inspect.signature(init)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    hints = {k: getattr(v, "__forward_arg__", v) for k, v in ConfigKwargs.__annotations__.items()}
+    return sig.replace(parameters=own + [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                          annotation=hints[f.name])
+        for f in dataclasses.fields(Config) if f.name in hints])
+
+
+def _config_params_doc() -> str:
+    """One ``:param name:`` line per key of ConfigKwargs: its Config documentation and default."""
+    hints = ConfigKwargs.__annotations__
+    return "\n".join(f":param {f.name}: {f.metadata['doc']} Default ``{f.default!r}``."
+                      for f in dataclasses.fields(Config) if f.name in hints)
+
+
+APPO.__init__.__signature__ = _config_signature(APPO.__init__)
+APPO.__init__.__doc__ = (
+    "Build the model; nothing starts until ``train()``. Besides the arguments in the class "
+    "docstring, the keyword-only fields of :class:`asyncrl.Config` (the defaults shown are "
+    "Config's; where one is not passed, what the env implies applies: continuous actions, "
+    "Atari and VizDoom ids, see docs/configuration.md):\n\n" + _config_params_doc())
 
 
 # The MUTABLE_HPARAMS: what was set (a number or a schedule), its value checked into ``config``

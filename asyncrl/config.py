@@ -10,7 +10,7 @@ import dataclasses
 import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple, TypedDict, Union
 
 ALGOS = ("appo", "impala", "ppo")
 CNNS = ("nature", "doom", "tiny")
@@ -319,6 +319,65 @@ class Config:
         for f in dataclasses.fields(self):
             rows.append(f"| `{f.name}` | `{f.default!r}` | {f.metadata['doc']} |")
         return "\n".join(rows)
+
+
+Schedule = Callable[[float], float]  # progress_remaining (1 at a train() call's start, 0 at its end) -> value
+
+
+class ConfigKwargs(TypedDict, total=False):
+    """``APPO(...)``'s keyword arguments, for type checkers and IDEs (``**kwargs:
+    Unpack[ConfigKwargs]``): every field of :class:`Config` but those the engine sets
+    (``ENGINE_SET``), with its type; the fields of ``MUTABLE_HPARAMS`` may be schedules.
+    ``tests/test_config.py`` checks the keys and types against ``Config``."""
+    num_workers: int
+    num_envs_per_worker: int
+    num_policy_workers: int
+    rollout: int
+    batch_size: int
+    learner_threads: int
+    sampler_nice: int
+    device: str
+    algo: str
+    serial_mode: bool
+    seed: Optional[int]
+    learning_rate: Union[float, Schedule]
+    adam_eps: float
+    num_epochs: int
+    minibatch_size: int
+    gamma: Union[float, Schedule]
+    vtrace_lambda: Union[float, Schedule]
+    vtrace_rho_clip: float
+    vtrace_c_clip: float
+    vtrace_pg_rho_clip: float
+    clip_coef: Union[float, Schedule]
+    decoupled_clip: bool
+    vf_clip_coef: Optional[float]
+    target_kl: Optional[float]
+    ent_coef: Union[float, Schedule]
+    vf_coef: Union[float, Schedule]
+    max_grad_norm: Union[float, Schedule]
+    normalize_advantages: bool
+    reward_clip: Optional[float]
+    bootstrap_truncation: bool
+    max_policy_lag: int
+    hidden_sizes: Tuple[int, ...]
+    activation: str
+    cnn: str
+    use_rnn: bool
+    centralized_critic: bool
+    rnn_type: str
+    rnn_size: int
+    normalize_obs: bool
+    normalize_returns: bool
+    verbose: int
+    log_interval: float
+    tensorboard_log: Optional[str]
+    stats_window: int
+    worker_timeout: float
+    on_env_error: str
+    max_env_restarts: int
+    max_worker_restarts: int
+    max_nonfinite_updates: int
 
 
 def valid_device(device: str) -> bool:

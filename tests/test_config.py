@@ -265,3 +265,25 @@ def test_hyperparameter_attributes_update_the_config_at_once():
     schedule = lambda progress: 3e-4 * progress  # noqa: E731
     model.learning_rate = schedule
     assert model.learning_rate is schedule and model.config.learning_rate == 3e-4
+
+
+def test_appo_signature_lists_every_config_field_with_its_type_and_default():
+    """IDEs and type checkers read ConfigKwargs (``**kwargs: Unpack[ConfigKwargs]``); help(),
+    inspect and notebooks read the runtime signature and docstring: all three name every field
+    of Config but the engine's own, with Config's type and default."""
+    import inspect
+
+    from asyncrl.config import ENGINE_SET, MUTABLE_HPARAMS, ConfigKwargs
+    fields = {f.name: f for f in dataclasses.fields(Config) if f.name not in ENGINE_SET}
+    hints = {k: getattr(v, "__forward_arg__", v) for k, v in ConfigKwargs.__annotations__.items()}
+    assert list(hints) == list(fields)
+    for name, f in fields.items():
+        assert hints[name] == (f"Union[{f.type}, Schedule]" if name in MUTABLE_HPARAMS else f.type), name
+    params = inspect.signature(APPO).parameters
+    for name, f in fields.items():
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[name].default == f.default and params[name].annotation == hints[name]
+        assert f":param {name}: {f.metadata['doc']}" in APPO.__init__.__doc__
+    assert "lanes_per_env" not in params
+    with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
+        APPO("CartPole-v1", learning_rat=1e-3)
