@@ -7,7 +7,7 @@ import os
 import random
 import shutil
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -28,8 +28,11 @@ from .runner import Runner
 from .trainee import Trainee, build_trainee, run_defaults
 from .spaces import MASK_KEY
 
-if TYPE_CHECKING:
+try:
+    from typing import Unpack  # Python 3.11+
+except ImportError:  # 3.9, 3.10: typing_extensions comes with torch
     from typing_extensions import Unpack
+
 
 def resolve_device(device: str) -> str:
     """"auto" -> "cuda" when torch sees a GPU, else "cpu"; an unusable choice raises.

@@ -26,7 +26,7 @@ from .vtrace import VTraceReturns, vtrace
 
 
 HPARAM_LOG_NAMES = {"clip_coef": "clip_range"}  # logged under SB3's names
-STOP = "stop"  # a minibatch step's answer when target_kl ends the update before it
+STOP = object()  # a minibatch step's answer when target_kl ends the update before it
 MINIBATCH_STATS = ("policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
                    "grad_norm", "loss")
 
