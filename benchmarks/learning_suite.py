@@ -224,8 +224,8 @@ def spread(values: List[float], fmt: str) -> str:
 
 
 def summarise(runs: List[dict], libs: List[str]) -> str:
-    """The docs' table: per env and library, the greedy score (median, range), env steps and
-    wall time to the target (median over the seeds that reached it, how many did), steady
+    """The docs' table: per env and library, the greedy and sampled scores (median, range), env
+    steps and wall time to the target (median over the seeds that reached it, how many did), steady
     training rate."""
     rows = ["| env | steps | target | library | seeds | greedy score, median (range) | sampled score | "
             "reached target | env steps to target | wall time to target | / SB3's | env steps/s |",

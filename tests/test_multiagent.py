@@ -12,6 +12,7 @@ import torch
 import ma_envs
 from asyncrl import APPO, ConfigError, SelfPlay
 from asyncrl.learner import Learner
+from test_checkpoints import adam_steps
 from test_multiprocess import worker_children
 
 FAST = dict(num_workers=2, num_envs_per_worker=4, rollout=8, learning_rate=3e-3, ent_coef=0.01,
@@ -421,10 +422,6 @@ def test_one_trained_policys_parameters_leave_the_other_alone_and_round_trip(tmp
         loaded.train(500)
     finally:
         loaded.close()
-
-
-def adam_steps(optimizer_state: dict) -> int:
-    return int(next(iter(optimizer_state["state"].values()))["step"])
 
 
 def _trained_entries(path) -> dict:
