@@ -155,7 +155,7 @@ def _global_state_size(env) -> int:
         return 0
     try:
         return int(global_state_space(env).shape[0])
-    except Exception:
+    except (ValueError, TypeError, NotImplementedError):  # gymnasium: a space that does not flatten
         return 0
 
 

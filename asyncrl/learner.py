@@ -495,41 +495,45 @@ class Learner:
             yield idx, dict(state=batch.rnn_state[0, cols], starts=starts[:, cols])
 
     def _epochs(self, batch, obs, actions, mask, ratio_ref, advantages, old_values, returns,
-                keep, moves, evaluated=None, start_log_probs=None) -> Optional[dict]:
+                keep, moves, evaluated, start_log_probs) -> Optional[dict]:
         """num_epochs passes of shuffled minibatches over the batch's [T*B] samples (whole
         trajectories for a recurrent model); masked (stale or restarted) samples take part in
         no loss and no advantage normalisation, and only ``moves`` of the kept ones in the
         policy's terms. ``evaluated``: the model's outputs for the whole batch, with grad
-        (``one_step``): one step on them, no forward pass."""
+        (``one_step``): one step on them, no forward pass. ``start_log_probs``: the policy's
+        log-probabilities before the update (target_kl's reference)."""
         T, B = batch.rewards.shape
         cfg = self.cfg
         n = advantages.shape[0]
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
         weight = keep.float()
         pg_weight = weight if moves is keep else moves.float()
+
+        def minibatches():
+            for _ in range(cfg.num_epochs):
+                # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
+                order = torch.randperm(n if batch.rnn_state is None else B, generator=self.rng)
+                if evaluated is not None:
+                    yield slice(0, n), {}
+                else:
+                    yield from self._chunks(batch, T, order)
+
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         stopped_early = 0
-        for _ in range(cfg.num_epochs):
-            if stopped_early:
+        for mb, rec in minibatches():
+            if self.ctl.stopping:
+                return None
+            out = self._minibatch_step(index_obs(obs, mb), actions[mb],
+                                       None if mask is None else mask[mb], ratio_ref[mb],
+                                       advantages[mb], old_values[mb], returns[mb], weight[mb],
+                                       pg_weight[mb], clip_coef, rec, start_log_probs[mb], evaluated)
+            if out is STOP:
+                stopped_early = 1
                 break
-            # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
-            order = torch.randperm(n if batch.rnn_state is None else B, generator=self.rng)
-            chunks = [(slice(0, n), {})] if evaluated is not None else self._chunks(batch, T, order)
-            for mb, rec in chunks:
-                if self.ctl.stopping:
-                    return None
-                out = self._minibatch_step(index_obs(obs, mb), actions[mb],
-                                           None if mask is None else mask[mb], ratio_ref[mb],
-                                           advantages[mb], old_values[mb], returns[mb], weight[mb],
-                                           pg_weight[mb], clip_coef, rec, evaluated,
-                                           None if start_log_probs is None else start_log_probs[mb])
-                if out is STOP:
-                    stopped_early = 1
-                    break
-                if out is None:
-                    skipped += 1
-                    continue
-                sums, num_steps = sums + out, num_steps + 1
+            if out is None:
+                skipped += 1
+                continue
+            sums, num_steps = sums + out, num_steps + 1
         stats = dict(zip(MINIBATCH_STATS, (sums / max(num_steps, 1)).tolist()))  # one device sync
         stats["nonfinite_skipped"] = skipped
         stats["stopped_early"] = stopped_early
@@ -537,8 +541,7 @@ class Learner:
 
     def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
                         returns, weight, pg_weight, clip_coef, rec: dict,
-                        evaluated: Optional[tuple] = None,
-                        start_log_probs: Optional[torch.Tensor] = None) -> Any:
+                        start_log_probs: torch.Tensor, evaluated: Optional[tuple] = None) -> Any:
         """One gradient step; returns the MINIBATCH_STATS values as one tensor, None when the
         loss or a gradient was not finite (the step is skipped: the weights stay finite), or
         STOP, without a step, when ``cfg.target_kl`` is set and the policy has moved by more
@@ -555,7 +558,7 @@ class Learner:
             new_values = self.model.normalize_values(new_values)
         else:
             new_log_probs, entropy, new_values = evaluated
-        if cfg.target_kl is not None and start_log_probs is not None:
+        if cfg.target_kl is not None:
             # KL from the policy at the update's start, as this minibatch finds it (SB3's check)
             d = new_log_probs.detach() - start_log_probs
             if float(masked_mean(d.exp() - 1.0 - d, pg_weight)) > 1.5 * cfg.target_kl:
