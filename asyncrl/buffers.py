@@ -78,24 +78,21 @@ class TrajectoryBuffers:
     the state after the last step; T for the rest), in ``tensors`` by name. E counts columns:
     one per env, or per agent lane of a multi-agent env (see multiagent).
 
-    Bookkeeping for replacing a killed component (see ``SlotState``): ``slot_owner`` [S] (each
-    slot's state), ``incarnation`` [num_workers] (moved by the main process when it replaces a
-    rollout worker: requests of the dead one are then dropped), ``reclaimable`` [num_workers]
-    (slots of a worker's incarnations below this may be taken back: the main process sets it
-    once no policy worker serves the dead one any more), ``claiming`` [num_workers] (1 while a
-    rollout worker holds a slot taken from the free queue that it has not marked as its own
-    yet), ``paused_run`` [num_workers] (the train() call after which each rollout worker has
-    paused and sent its last report), ``policy_ticks`` [num_policy_workers] (each policy worker counts its loop passes: once
-    every one has moved, no request of the dead worker is being served any more) and
-    ``policy_incarnation`` [num_policy_workers] (moved when a policy worker is replaced:
-    rollout workers send their unanswered requests again).
+    The pool's bookkeeping for replacing a killed component (see ``SlotState``; what belongs
+    to each rollout worker whatever pool it fills lives in ``SharedControl.workers``):
+    ``slot_owner`` [S] (each slot's state), ``claiming`` [num_workers] (1 while a rollout worker
+    holds a slot taken from this pool's free queue that it has not marked as its own yet),
+    ``policy_ticks`` [num_policy_workers] (each of the pool's policy workers counts its loop
+    passes: once every one has moved, no request of a dead rollout worker is being served any
+    more) and ``policy_incarnation`` [num_policy_workers] (moved when a policy worker is
+    replaced: rollout workers send their unanswered requests again).
     """
 
     @staticmethod
     def nbytes(cfg: Config, spec: Dict[str, Entry]) -> int:
         """Shared memory the buffers take."""
         S, T, E = cfg.num_slots, cfg.rollout, cfg.columns_per_group
-        total = 8 * (S + 4 * cfg.num_workers + 2 * cfg.num_policy_workers)
+        total = 8 * (S + cfg.num_workers + 2 * cfg.num_policy_workers)
         for e in spec.values():
             itemsize = torch.empty((), dtype=e.dtype).element_size()
             total += S * (T + e.observed) * E * int(np.prod(e.shape)) * itemsize
@@ -113,16 +110,12 @@ class TrajectoryBuffers:
                         for name, e in spec.items()}
         W, P = cfg.num_workers, cfg.num_policy_workers
         self.slot_owner = shared((S,), torch.int64, SlotState.FREE)
-        self.incarnation = shared((W,), torch.int64, 0)
-        self.reclaimable = shared((W,), torch.int64, 0)
         self.claiming = shared((W,), torch.int64, 0)
-        self.paused_run = shared((W,), torch.int64, 0)
         self.policy_ticks = shared((P,), torch.int64, 0)
         self.policy_incarnation = shared((P,), torch.int64, 0)
 
     def bookkeeping(self) -> list:
-        return [self.slot_owner, self.incarnation, self.reclaimable, self.claiming,
-                self.paused_run, self.policy_ticks, self.policy_incarnation]
+        return [self.slot_owner, self.claiming, self.policy_ticks, self.policy_incarnation]
 
     def __getattr__(self, name: str) -> torch.Tensor:  # buffers.rewards etc.
         tensors = self.__dict__.get("tensors", {})
@@ -139,49 +132,72 @@ class TrajectoryBuffers:
 
 
 class Ctl(IntEnum):
-    """Fields of a row of the shared control matrix (one row per trained policy; STOP and
-    RUN_STATE in row 0 only). The main process writes all but the learner's."""
-    STOP = 0               # 1: every component closes and its process exits
-    TARGET_ENV_STEPS = 1   # the learner stops once it has trained on this many samples
-    TRAINED_ENV_STEPS = 2  # samples the learner has trained on (learner; main resets it)
-    LEARNER_DONE = 3       # 1: the learner reached the target and published its final weights
-    RUN_STATE = 4          # 2 x run + paused, one word so it is read whole: run counts the train()
-                           # calls served (a new one resumes the components); paused: between calls
-    LEARNER_PAUSED = 5     # the run the learner has paused after (learner): its state is saved
-    MIN_VERSION = 6        # samples of older policy versions are masked (weights set by the user)
-    OPTIMIZER_EPOCH = 7    # moves when the user replaced the optimizer state file
-    SNAPSHOT_REQUEST = 8   # moves when the main process wants the learner's exact state on disk
-    SNAPSHOT_DONE = 9      # the request the learner has written its state for (learner)
-    RECLAIM = 10           # moves when a rollout worker was replaced: the learner takes its slots back
-    SLOTS_RECLAIMED = 11   # slots the learner took back from dead workers, in this graph (learner)
+    """Fields of a trained policy's row of the shared control matrix. The main process writes
+    all but the learner's."""
+    TARGET_ENV_STEPS = 0   # the learner stops once it has trained on this many samples
+    TRAINED_ENV_STEPS = 1  # samples the learner has trained on (learner; main resets it)
+    LEARNER_DONE = 2       # 1: the learner reached the target and published its final weights
+    LEARNER_PAUSED = 3     # the run the learner has paused after (learner): its state is saved
+    MIN_VERSION = 4        # samples of older policy versions are masked (weights set by the user)
+    OPTIMIZER_EPOCH = 5    # moves when the user replaced the optimizer state file
+    SNAPSHOT_REQUEST = 6   # moves when the main process wants the learner's exact state on disk
+    SNAPSHOT_DONE = 7      # the request the learner has written its state for (learner)
+    RECLAIM = 8            # moves when a rollout worker was replaced: the learner takes its slots back
+    SLOTS_RECLAIMED = 9    # slots the learner took back from dead workers, in this graph (learner)
+
+
+class Graph(IntEnum):
+    """The whole graph's fields of the control block (written by the main process)."""
+    STOP = 0       # 1: every component closes and its process exits
+    RUN_STATE = 1  # 2 x run + paused, one word so it is read whole: run counts the train() calls
+                   # served (a new one resumes the components); paused: between calls
+
+
+class Worker(IntEnum):
+    """Columns of the control block's row per rollout worker, whatever pools it fills."""
+    INCARNATION = 0  # moved by the main process when it replaces the worker: the dead one's
+                     # requests are dropped, the new one draws new env seeds
+    RECLAIMABLE = 1  # slots of its incarnations below this may be taken back (main process, once
+                     # no policy worker serves the dead one any more)
+    PAUSED_RUN = 2   # the train() call after which it paused and sent its last report (worker)
 
 
 class SharedControl:
-    """A small int64 matrix every process reads without locking (single writer per field): a
-    row of ``Ctl`` fields per trained policy (its learner's counters and requests). ``STOP`` and
-    ``RUN_STATE`` belong to the whole graph and live in row 0. ``row(k)`` is the view a
-    component of trained policy ``k`` is given; indexing reads that row."""
+    """The process graph's control block, small int64 tensors every process reads without
+    locking (single writer per field): the whole graph's ``Graph`` fields (stop, run state), a
+    row of ``Worker`` fields per rollout worker (``workers``) and a row of ``Ctl`` fields per
+    trained policy (its learner's counters and requests). ``row(k)`` is the view a component of
+    trained policy ``k`` is given; indexing it with a ``Ctl`` field reads that row."""
 
-    WHOLE_GRAPH = (int(Ctl.STOP), int(Ctl.RUN_STATE))
-
-    def __init__(self, num_policies: int = 1):
+    def __init__(self, num_policies: int = 1, num_workers: int = 1):
         self.values = torch.zeros((num_policies, len(Ctl)), dtype=torch.int64).share_memory_()
+        self.graph = torch.zeros(len(Graph), dtype=torch.int64).share_memory_()
+        self.worker_values = torch.zeros((num_workers, len(Worker)), dtype=torch.int64).share_memory_()
         self.policy_idx = 0
         self.set_run_state(0, paused=True)
 
     def __getstate__(self):
-        return {"values": self.values, "policy_idx": self.policy_idx}
+        return {"values": self.values, "graph": self.graph, "worker_values": self.worker_values,
+                "policy_idx": self.policy_idx}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
 
+    def _view(self, name: str) -> np.ndarray:
+        """A numpy view of tensor ``name`` (read in every loop pass: faster than torch's)."""
+        view = self.__dict__.get("_np_" + name)
+        if view is None:
+            view = self.__dict__["_np_" + name] = getattr(self, name).numpy()
+        return view
+
     @property
     def _np(self) -> np.ndarray:
-        """A numpy view of the same memory (read in every loop pass: faster than torch's)."""
-        view = self.__dict__.get("_np_view")
-        if view is None:
-            view = self.__dict__["_np_view"] = self.values.numpy()
-        return view
+        return self._view("values")
+
+    @property
+    def workers(self) -> np.ndarray:
+        """[num_workers, len(Worker)]: each rollout worker's row (a view of the shared memory)."""
+        return self._view("worker_values")
 
     @property
     def num_policies(self) -> int:
@@ -190,7 +206,7 @@ class SharedControl:
     def row(self, policy_idx: int) -> "SharedControl":
         """The same memory, indexed at trained policy ``policy_idx``'s row."""
         view = object.__new__(SharedControl)
-        view.values, view.policy_idx = self.values, policy_idx
+        view.__setstate__({**self.__getstate__(), "policy_idx": policy_idx})
         return view
 
     def column(self, key: Ctl) -> list:
@@ -198,22 +214,26 @@ class SharedControl:
         return self._np[:, key].tolist()
 
     def __getitem__(self, key: Ctl) -> int:
-        return int(self._np[0 if key in self.WHOLE_GRAPH else self.policy_idx, key])
+        return int(self._np[self.policy_idx, key])
 
     def __setitem__(self, key: Ctl, value: int) -> None:
-        self._np[0 if key in self.WHOLE_GRAPH else self.policy_idx, key] = value
+        self._np[self.policy_idx, key] = value
 
     @property
     def stopping(self) -> bool:
-        return bool(self._np[0, Ctl.STOP])
+        return bool(self._view("graph")[Graph.STOP])
+
+    def stop(self) -> None:
+        """Every component closes and its process exits."""
+        self._view("graph")[Graph.STOP] = 1
 
     def run_state(self) -> Tuple[int, bool]:
         """(run, paused), from one read."""
-        state = int(self._np[0, Ctl.RUN_STATE])
+        state = int(self._view("graph")[Graph.RUN_STATE])
         return state >> 1, bool(state & 1)
 
     def set_run_state(self, run: int, paused: bool) -> None:
-        self._np[0, Ctl.RUN_STATE] = 2 * run + int(paused)
+        self._view("graph")[Graph.RUN_STATE] = 2 * run + int(paused)
 
 
 class SharedHyperParams:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
-                      SlotState, TrajectoryBuffers)
+                      SlotState, TrajectoryBuffers, Worker)
 from .config import MUTABLE_HPARAMS, Config
 from .fileio import atomic_torch_save
 from .losses import masked_mean, ppo_loss
@@ -274,7 +274,8 @@ class Learner:
     def map_slot_states(self) -> None:
         b = self.buffers
         self.slot_owner_np = b.slot_owner.numpy()
-        self.claiming_np, self.reclaimable_np = b.claiming.numpy(), b.reclaimable.numpy()
+        self.claiming_np = b.claiming.numpy()
+        self.reclaimable_np = self.ctl.workers[:, Worker.RECLAIMABLE]
 
     def _accept(self, slots: List[int]) -> None:
         """Full slots from the queue: each is taken once, in the state its worker marked it with

@@ -12,7 +12,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from .buffers import RNN_STATE, SharedControl, SharedWeights, TrajectoryBuffers
+from .buffers import RNN_STATE, SharedControl, SharedWeights, TrajectoryBuffers, Worker
 from .config import Config
 from .messages import Report, ReportKind, ready_code
 from .models import ActorCritic, PolicySpec
@@ -44,7 +44,8 @@ class PolicyWorker:
         self.model.eval()
         b = self.buffers  # numpy views: small fancy-indexed copies are cheaper than in torch
         arrays = b.numpy()
-        self.incarnation_np, self.ticks_np = b.incarnation.numpy(), b.policy_ticks.numpy()
+        self.incarnation_np = self.ctl.workers[:, Worker.INCARNATION]
+        self.ticks_np = b.policy_ticks.numpy()
         self.incarnation = int(b.policy_incarnation[self.policy_idx])
         # Observed entries flattened to [S * (T+1), E, ...], gathered by slot * (T+1) + t into
         # (pinned) staging buffers; the results are written back into the step entries.

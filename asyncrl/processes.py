@@ -21,7 +21,7 @@ import psutil
 import torch
 
 from . import ipc
-from .buffers import Ctl, SharedControl, SharedWeights
+from .buffers import SharedControl, SharedWeights
 from .config import ConfigError
 from .messages import Report, ReportKind
 
@@ -162,7 +162,7 @@ def shutdown_graph(ctl: SharedControl, procs: list, components: list, queues) ->
     killed at once on a Ctrl-C during the wait), serial components closed, queues closed.
     Idempotent; also run at garbage collection and interpreter exit (before multiprocessing
     joins its children). ``queues``: the graph's (runner.Queues)."""
-    ctl[Ctl.STOP] = 1
+    ctl.stop()
     forced = False
     try:
         deadline = time.monotonic() + JOIN_TIMEOUT

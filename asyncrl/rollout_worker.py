@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .buffers import Ctl, SharedControl, SlotState
+from .buffers import Ctl, SharedControl, SlotState, Worker
 from .config import Config
 from .env_group import EnvGroup, SlotPool
 from .ipc import SLOTS_FREED
@@ -43,8 +43,7 @@ class RolloutWorker(AgentLanes):
         # frozen policies (a multi-agent env): id -> FrozenPolicy, built in init
         self.frozen = {pid: FrozenPolicy(spec, cfg, weights)
                        for pid, (spec, weights) in (frozen or {}).items()}
-        # per-worker bookkeeping (incarnation, paused run) is read from the first pool's buffers
-        self.buffers, self.ctl, self.serial = self.pools[0].buffers, ctl, serial
+        self.ctl, self.serial = ctl, serial
         self.name = f"rollout-{worker_idx}"
         self.action_ready_queue = queues.action_ready[worker_idx]
         self.report_queue = queues.report
@@ -60,7 +59,7 @@ class RolloutWorker(AgentLanes):
 
     # --- set-up ---------------------------------------------------------------------------
     def init(self) -> None:
-        cfg, b = self.cfg, self.buffers
+        cfg = self.cfg
         try:  # pickled separately so that a factory that cannot be imported here is named
             self.make_env: Callable = pickle.loads(self.env_factory)
         except Exception as e:
@@ -72,7 +71,7 @@ class RolloutWorker(AgentLanes):
             policy.reload()
         # A replacement for a killed worker: new env seeds, and no stale "actions ready" message
         # (the main process moved the incarnation first, so policy workers send no more).
-        self.incarnation = int(b.incarnation[self.worker_idx])
+        self.incarnation = int(self.ctl.workers[self.worker_idx, Worker.INCARNATION])
         # this process's name in slot_owner (see SlotState)
         self.worker_serial = SlotState.serial(self.worker_idx, self.incarnation, cfg.num_workers)
         self.action_ready_queue.drain()
@@ -105,7 +104,7 @@ class RolloutWorker(AgentLanes):
         """Between train() calls: envs keep their episodes, the slots their partial data. The
         last report goes out first, so the main process can wait for it (see Runner._pause)."""
         self.report()
-        self.buffers.paused_run[self.worker_idx] = run
+        self.ctl.workers[self.worker_idx, Worker.PAUSED_RUN] = run
 
     def resume(self) -> None:
         self.last_progress = max(self.last_progress, time.perf_counter())
@@ -158,8 +157,9 @@ class RolloutWorker(AgentLanes):
                 others = self._other_actions(group)
                 for i, env in enumerate(group.envs):
                     self._step_agents(group, i, env, actions, others[i], rows, views, t)
-            else:
-                self._step_envs(group, actions[0], *rows[0], t)
+            else:  # a single-agent env fills one pool
+                (env_actions,), (row,) = actions, rows
+                self._step_envs(group, env_actions, *row, t)
         for pool, s, (obs_out, rewards_out, dones_out, _) in zip(self.pools, group.slots, rows):
             if pool.state_np is not None and dones_out.any():  # also after an env restart
                 pool.state_np[s.slot_idx, t + 1][dones_out] = 0
@@ -185,7 +185,7 @@ class RolloutWorker(AgentLanes):
                    dones_out: np.ndarray, truncated_out: np.ndarray, t: int) -> None:
         """Step a group of single-agent envs, writing row t (and the observations of t + 1)."""
         ep_return, ep_length, failures = group.ep_return, group.ep_length, group.failures
-        pool = self.pools[0]
+        (pool,) = self.pools
         for i, env in enumerate(group.envs):
             try:
                 obs, reward, terminated, truncated, info = env.step(actions[i])
@@ -226,8 +226,9 @@ class RolloutWorker(AgentLanes):
     def _started(self, views: List[dict], group: EnvGroup, i: int, obs, info) -> None:
         """Env ``i`` was (re)built and reset: write its first observation into ``views`` (one
         dict per pool); a multi-agent env's episode begins: its agents are mapped to policies."""
-        if self.agents is None:
-            self._write(self.pools[0], views[0], i, group.envs[i], obs, info)
+        if self.agents is None:  # one pool
+            (pool,), (view,) = self.pools, views
+            self._write(pool, view, i, group.envs[i], obs, info)
             return
         for policy in self.frozen.values():
             policy.forget(group.episode_idx[i])

@@ -28,7 +28,7 @@ from multiprocessing import util as mp_util
 
 from . import ipc, pickling
 from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
-                      TrajectoryBuffers, buffer_spec)
+                      TrajectoryBuffers, Worker, buffer_spec)
 from .config import Config
 from .learner import Learner, snapshot_path
 from .logger import TrainLogger
@@ -218,7 +218,7 @@ class Runner:
         self.scratch_dir = scratch_dir  # the model's: its workers remove it if it is killed
         check_shm_space(sum(TrajectoryBuffers.nbytes(t.cfg, PolicyPart.slot_spec(t))
                             for t in trained))  # every pool together, before any is made
-        self.ctl = SharedControl(len(trained))
+        self.ctl = SharedControl(len(trained), self.cfg.num_workers)
         self.queues = Queues(self.cfg, [t.cfg for t in trained])
         self.parts = [PolicyPart(k, t, self.cfg.seed, self.ctl, self.queues.policy[k], len(trained) > 1)
                       for k, t in enumerate(trained)]
@@ -409,7 +409,7 @@ class Runner:
                                   f"{self.cfg.worker_timeout} s")
         self.queues.ring_all()  # a rollout worker waiting for actions or slots sees the pause now
         deadline = time.monotonic() + REPORT_WAIT
-        paused_run = self.parts[0].buffers.paused_run  # rollout workers mark part 0's
+        paused_run = self.ctl.workers[:, Worker.PAUSED_RUN]
         while bool((paused_run < self.run_idx).any()) and time.monotonic() < deadline:
             self._drain_reports(raise_errors=True, timeout=0.01)
             self._check_alive()
@@ -501,8 +501,8 @@ class Runner:
         """Stop serving a dead rollout worker and let every learner take its slots back."""
         buffers = [part.buffers for part in self.parts]
         ticks = [b.policy_ticks.clone() for b in buffers]
-        for b in buffers:
-            b.incarnation[worker_idx] += 1
+        worker = self.ctl.workers[worker_idx]
+        worker[Worker.INCARNATION] += 1
         # Every policy worker finishes the pass it is in (which may serve the dead worker's
         # requests) before its slots change hands; later passes drop those requests.
         t0 = time.monotonic()
@@ -517,10 +517,9 @@ class Runner:
                                   f"{self.cfg.worker_timeout} s while rollout-{worker_idx} was "
                                   "replaced")
             time.sleep(PAUSE_POLL)
+        worker[Worker.RECLAIMABLE] = worker[Worker.INCARNATION]
         for part in self.parts:
-            b = part.buffers
-            b.claiming[worker_idx] = 0  # it died inside a claim: the learner's audit finds the slot
-            b.reclaimable[worker_idx] = b.incarnation[worker_idx]
+            part.buffers.claiming[worker_idx] = 0  # it died inside a claim: the learner's audit finds the slot
             part.ctl[Ctl.RECLAIM] += 1
         return "its trajectory slots go back to the learner" + ("s" if len(self.parts) > 1 else "")
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from asyncrl import Config
 from asyncrl.buffers import (Ctl, SharedControl, SharedOptimizerState, SharedWeights, SlotState,
-                             TrajectoryBuffers)
+                             TrajectoryBuffers, Worker)
 from asyncrl.learner import Learner
 from asyncrl.learner import make_optimizer as make_learner_optimizer
 from asyncrl.runner import Queues
@@ -30,7 +30,7 @@ class Graph:
 
     def __init__(self):
         self.buffers = TrajectoryBuffers(CFG, VECTOR_SPEC)
-        self.ctl, self.all_queues = SharedControl(), Queues(CFG)
+        self.ctl, self.all_queues = SharedControl(1, W), Queues(CFG)
         self.queues = self.all_queues.policy[0]  # the one trained policy's
         self.learner = Learner(CFG, policy_spec=None, device="cpu", buffers=self.buffers,
                                weights=None, optimizer_state=None, hparams=None, ctl=self.ctl,
@@ -46,9 +46,10 @@ class Graph:
 
     def kill(self, worker_idx: int) -> None:
         """What the main process does when it replaces a dead rollout worker."""
-        self.buffers.incarnation[worker_idx] += 1
+        worker = self.ctl.workers[worker_idx]
+        worker[Worker.INCARNATION] += 1
         self.buffers.claiming[worker_idx] = 0
-        self.buffers.reclaimable[worker_idx] = self.buffers.incarnation[worker_idx]
+        worker[Worker.RECLAIMABLE] = worker[Worker.INCARNATION]
         self.ctl[Ctl.RECLAIM] += 1
 
     def close(self):
