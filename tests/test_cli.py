@@ -12,6 +12,9 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 TINY = ["--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16",
         "--batch_size", "128", "--minibatch_size", "64", "--device", "cpu", "--log_interval", "0.5"]
+# Where the command line, not the process graph, is under test: every component in the one
+# process (spawning three that each import torch is most of a tiny run's time).
+SERIAL = [*TINY, "--serial_mode", "True"]
 
 
 def asyncrl(*args, cwd, check=True):
@@ -27,9 +30,9 @@ def run(tmp_path_factory):
     """One experiment trained to 2048 env steps, then resumed to 4096 by the same command."""
     cwd = tmp_path_factory.mktemp("cli")
     first = asyncrl("train", "--env", "CartPole-v1", "--experiment", "cp", "--steps", "2048",
-                    "--progress_bar", *TINY, cwd=cwd)
+                    "--progress_bar", *SERIAL, cwd=cwd)
     second = asyncrl("train", "--env", "CartPole-v1", "--experiment", "cp", "--steps", "4096",
-                     "--progress_bar", "--learning_rate", "2e-4", *TINY, cwd=cwd)
+                     "--progress_bar", "--learning_rate", "2e-4", *SERIAL, cwd=cwd)
     return dict(cwd=cwd, dir=cwd / "train_dir" / "cp", first=first, second=second)
 
 
@@ -110,7 +113,7 @@ def test_yaml_hyperparameters_per_env(tmp_path):
     (tmp_path / "hp.yaml").write_text("CartPole-v1:\n  learning_rate: 0.002\n  gamma: 0.97\n"
                                       "Acrobot-v1:\n  gamma: 0.5\n")
     asyncrl("train", "--env", "CartPole-v1", "--experiment", "y", "--steps", "128",
-            "--config", "hp.yaml", "--gamma", "0.96", *TINY, cwd=tmp_path)
+            "--config", "hp.yaml", "--gamma", "0.96", *SERIAL, cwd=tmp_path)
     import yaml
     cfg = yaml.safe_load((tmp_path / "train_dir" / "y" / "config.yaml").read_text())["config"]
     assert cfg["learning_rate"] == 0.002 and cfg["gamma"] == 0.96  # the flag wins over the file
@@ -180,7 +183,8 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code):
     assert len(ckpts) == 1
     steps = int(ckpts[0].split("_")[1].split(".")[0])
     assert steps > 0
-    again = asyncrl("train", "--experiment", "c", "--steps", str(steps + 128), cwd=tmp_path)
+    again = asyncrl("train", "--experiment", "c", "--steps", str(steps + 128), "--serial_mode", "True",
+                    cwd=tmp_path)
     assert f"({steps:,} env steps)" in again.stdout
     assert f"to {steps + 128:,} env steps" in again.stdout
 
@@ -231,7 +235,7 @@ def test_multi_agent_runs_from_a_policies_file(tmp_path):
     (tmp_path / "policies.yaml").write_text(
         "policies:\n  hero: {learning_rate: 0.003}\n  bot: {rule: 'duel_setup:rock'}\n"
         "mapping: duel_setup:by_seat\n")
-    train = ["train", "--env", "duel_setup:make", "--experiment", "duel", *TINY]
+    train = ["train", "--env", "duel_setup:make", "--experiment", "duel", *SERIAL]
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
 
     def cli(*args, check=True):
@@ -257,7 +261,7 @@ def test_multi_agent_runs_from_a_policies_file(tmp_path):
     (tmp_path / "rival.yaml").write_text(
         f"policies:\n  hero: null\n  rival: {{frozen: true, weights: '{checkpoint}', weights_of: hero}}\n"
         "mapping: duel_setup:hero_vs_rival\n")
-    cli("train", "--env", "duel_setup:make", "--experiment", "rival", *TINY, "--policies",
+    cli("train", "--env", "duel_setup:make", "--experiment", "rival", *SERIAL, "--policies",
         "rival.yaml", "--steps", "1024")
     from asyncrl import APPO
     sys.path.insert(0, str(tmp_path))
@@ -271,6 +275,6 @@ def test_multi_agent_runs_from_a_policies_file(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
     (tmp_path / "bad.yaml").write_text("policies:\n  hero: null\n  bot: {rule: 'duel_setup:nope'}\n")
-    out = cli("train", "--env", "duel_setup:make", "--experiment", "bad", *TINY, "--policies",
+    out = cli("train", "--env", "duel_setup:make", "--experiment", "bad", *SERIAL, "--policies",
               "bad.yaml", check=False)
     assert out.returncode == 2 and "policies.bot.rule: could not import nope" in out.stderr

@@ -11,8 +11,10 @@ import torch
 from asyncrl import ConfigError
 from asyncrl.pbt import PBT, LocalBackend, main
 
+# Each member's components in its own process (serial mode): PBT, not the process graph, is
+# under test here, and spawning three processes per member is most of a tiny member's time.
 MEMBER = dict(num_workers=1, num_envs_per_worker=4, rollout=16, batch_size=128,
-              minibatch_size=64, device="cpu")
+              minibatch_size=64, device="cpu", serial_mode=True)
 SEARCH = {"learning_rate": (1e-4, 3e-3, True), "clip_coef": (0.05, 0.3, False)}
 
 
@@ -58,7 +60,8 @@ def test_bad_settings_fail_early_with_every_problem():
 def test_local_pbt_runs_checkpoints_and_summarises(tmp_path, capsys):
     main(["--members", "2", "--generations", "2", "--steps", "512", "--eval_episodes", "2",
           "--out", str(tmp_path), "--num_workers", "1", "--num_envs_per_worker", "4",
-          "--rollout", "16", "--batch_size", "128", "--minibatch_size", "64", "--device", "cpu"])
+          "--rollout", "16", "--batch_size", "128", "--minibatch_size", "64", "--device", "cpu",
+          "--serial_mode", "True"])
     state = json.loads((tmp_path / "pbt.json").read_text())
     assert state["generation"] == 1 and len(state["history"]) == 4
     assert all(r["num_timesteps"] == 512 * (r["generation"] + 1) for r in state["history"])

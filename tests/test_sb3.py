@@ -115,7 +115,8 @@ def test_pbt_loop_written_for_sb3_runs_unchanged_on_appo(tmp_path, monkeypatch):
     sb3_members, _ = sb3_style_pbt(  # the loop is valid SB3 code ...
         lambda seed: PPO("MlpPolicy", "CartPole-v1", n_steps=128, batch_size=64, n_epochs=1,
                          seed=seed, device="cpu"))
-    members, history = sb3_style_pbt(lambda seed: APPO("CartPole-v1", seed=seed, **SMALL))  # ... and APPO's
+    members, history = sb3_style_pbt(  # ... and APPO's (serial: the loop, not the graph, is tested)
+        lambda seed: APPO("CartPole-v1", seed=seed, **dict(SMALL, serial_mode=True)))
     try:
         assert len(history) == 2 and all(len(s) == 2 for s in history)
         assert all(m.num_timesteps == 2 * 512 for m in members)
