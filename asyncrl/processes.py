@@ -6,6 +6,7 @@ anything is spawned (shared memory, the main-script guard)."""
 from __future__ import annotations
 
 import ast
+import atexit
 import ctypes
 import functools
 import os
@@ -119,9 +120,11 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
 
 def _exit_closed() -> None:
     """End a component's process once it has closed what it opened and sent its reports
-    (queues and shared memory take effect at once; nothing is buffered): the interpreter's
-    own teardown, with torch imported, would add the better part of a second to every
-    process's exit, and so to every close() of a model."""
+    (queues and shared memory take effect at once; nothing is buffered). The atexit handlers
+    run (an env's, multiprocessing's); the interpreter's teardown of its modules does not: with
+    torch imported it would add the better part of a second to every process's exit, and so
+    to every close() of a model."""
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -104,6 +104,21 @@ def test_run_trains_and_shuts_down_cleanly():
     assert new_shm_entries(shm_before) == set()
 
 
+def test_a_closed_model_s_workers_close_their_envs_and_run_their_atexit_handlers(tmp_path):
+    """Stopping the graph: each rollout worker closes its envs and runs the atexit handlers
+    registered in it (a user's clean-up) before its process ends (which skips the
+    interpreter's teardown of its modules)."""
+    model = APPO(custom_envs.marks_its_end(str(tmp_path)), **SMALL)
+    model.train(256)
+    workers = {p.pid for p in worker_children() if p.name().startswith("rollout")}
+    assert len(workers) == SMALL["num_workers"]
+    model.close()
+    assert worker_children() == []
+    marks = set(os.listdir(tmp_path))
+    for pid in workers:
+        assert {f"close-{pid}", f"atexit-{pid}"} <= marks, (pid, sorted(marks))
+
+
 def run_until_exception(model, steps, exc_type, shm_before):
     """train() until it raises ``exc_type``; then what it left behind, as seen from the ``except``
     block that caught it."""
