@@ -96,9 +96,9 @@ def keep_freed_memory() -> bool:
     """Have glibc serve blocks up to 32 MiB from the heap and keep freed heap memory, instead of
     mapping each large tensor afresh and unmapping it when freed (its default above 128 KiB,
     raised only as far as the largest block freed so far). An update allocates and frees the
-    same activation tensors every minibatch, and every fresh mapping page-faults on first touch:
-    measured on a Nature-CNN update of a 1024-step Pong batch, 2.09 -> 1.82 ms per sample on one
-    thread, 1.28 -> 1.11 on two. Freed memory is reused, so the peak does not grow. For the
+    same activation tensors every minibatch, and every fresh mapping page-faults on first touch
+    (the measured gain: docs/benchmarks/measured.md). Freed memory is reused, so the peak does
+    not grow. For the
     learner's process (not the user's: the serial mode leaves it alone). False where mallopt
     is missing or refuses (not glibc)."""
     try:
