@@ -61,11 +61,30 @@ def orphaned_scratch_dirs() -> list:
     return found
 
 
+def stale_fork_server_dirs() -> list:
+    """multiprocessing's temporary folders (``pymp-*``) of this user that hold nothing but fork
+    server sockets no process has bound any more: left by a process killed while it had a fork
+    server (a SIGKILL, a notebook kernel shut down) with no component alive to remove them."""
+    found = []
+    with contextlib.suppress(OSError):
+        with open("/proc/net/unix") as f:  # Linux: the paths of bound Unix sockets
+            bound = {fields[7] for fields in map(str.split, f) if len(fields) >= 8}
+        for entry in os.scandir(tempfile.gettempdir()):
+            if not (entry.name.startswith("pymp-") and entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_uid == os.getuid()):
+                continue
+            names = os.listdir(entry.path)
+            if names and all(n.startswith("listener-") and os.path.join(entry.path, n) not in bound
+                             for n in names):
+                found.append(entry.path)
+    return found
+
+
 def make_scratch_dir() -> str:
     """A private temporary directory for one model's scratch files, named after this process.
     Directories left by processes that no longer run (SIGKILLed before they could remove theirs,
-    and whose workers could not either) are removed first."""
-    for path in orphaned_scratch_dirs():
+    and whose workers could not either) are removed first, and so are stale fork-server folders."""
+    for path in orphaned_scratch_dirs() + stale_fork_server_dirs():
         shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
 

@@ -1,5 +1,5 @@
-"""How a component process of the graph lives and dies: started (spawned) with a name, the
-parent-death signal and its own process group, stepped while a train() call runs and idle
+"""How a component process of the graph lives and dies: started (from multiprocessing's fork
+server, or spawned) with a name, the parent-death signal and its own process group, stepped while a train() call runs and idle
 while paused, and stopped with a grace period, then terminated and killed; the locks a dead
 process held are freed by a watching thread of the main process. Also the checks made before
 anything is spawned (shared memory, the main-script guard)."""
@@ -16,10 +16,12 @@ import signal
 import sys
 import time
 import traceback
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import psutil
 import torch
+import torch.multiprocessing as mp  # multiprocessing, its tensor reductions registered
+from multiprocessing import forkserver as mp_forkserver, util as mp_util
 
 from . import ipc
 from .buffers import SharedControl, SharedWeights
@@ -30,47 +32,108 @@ JOIN_TIMEOUT = 5.0     # seconds a component gets to leave its loop before it is
 LOOP_TIMEOUT = 0.1     # seconds of any single wait inside a component loop
 PAUSE_POLL = 0.005     # seconds between looks at the control vector while paused
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
+# Imported once in the fork server (see process_context): torch, most of a component's import
+# time. Not asyncrl: the fork server resolves imports on the interpreter's default path (its
+# working directory first), not the main process's (Python 3.11 ignores the sys.path it is
+# given), so a component could get another copy than the main process has; each component
+# imports asyncrl itself, on the main process's path.
+PRELOAD = ["torch"]
 
 
-def _prepare_child(name: str, parent_pid: int, parent_death_signal: bool,
-                   scratch_dir: Optional[str]) -> None:
-    """In a spawned component: die with the parent, leave Ctrl-C to the parent, one torch thread.
-    The parent-death signal (SIGHUP) follows the thread that started the process, so it is only
-    set when that was the main thread (the graph outlives a train() called from another
-    thread); the parent-pid check in the loop covers the other case."""
+def process_context():
+    """The multiprocessing context components start from: the fork server where the platform
+    has one (Linux), else spawn. The fork server is one process, started with the first
+    graph and ending with this interpreter (as multiprocessing's resource tracker), that
+    imported torch once: each component is forked from it with torch loaded, where a spawned
+    one spends seconds of CPU importing it. Like a spawned one it shares nothing
+    else with this process: the main script is imported again (hence the main guard), CUDA
+    is initialised in the component, and it is given this process's environment variables
+    (component_main)."""
+    if "forkserver" not in mp.get_all_start_methods() or not hasattr(
+            mp_forkserver._forkserver, "_forkserver_alive_fd"):  # see _leave_fork_server
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    mp_util.get_temp_dir()  # made now, so each component knows it (see _orphan_dirs)
+    return ctx
+
+
+def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Optional[str],
+                   environ: dict) -> Tuple[int, List[str]]:
+    """In a component: die with the main process, leave Ctrl-C to it, one torch thread, the
+    main process's environment variables. Returns the parent's pid, watched from then on (the
+    main process's, spawned, or the fork server's, which ends with the main process), and the
+    folders to remove if the main process dies (``_orphan_dirs``). The
+    parent-death signal (SIGHUP) follows the parent's thread that started the process: a
+    spawned process's is only set when that was the main thread (the graph outlives a train()
+    called from another thread; the parent-pid check in the loop covers that case); the fork
+    server has one thread."""
+    parent = os.getppid()
+    dirs = _orphan_dirs(scratch_dir, forked=parent != main_pid)
+    _leave_fork_server()
+    if os.environ != environ:  # the fork server's are those of the moment it started
+        os.environ.clear()
+        os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, functools.partial(_on_parent_death, parent_pid, scratch_dir))
+    signal.signal(signal.SIGHUP, functools.partial(_on_parent_death, parent, dirs))
     # Its own process group, which the processes its envs start (VizDoom's engines) inherit:
     # whoever reaps this component kills the group, so none outlives a SIGKILL (kill_group).
     os.setpgid(0, 0)
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        if parent_death_signal:
+        if main_thread or parent != main_pid:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
         libc.prctl(_PR_SET_NAME, name.encode()[:15])
     except OSError:  # not Linux: the parent-pid check in the loop still applies
         pass
-    if os.getppid() != parent_pid:
-        _remove_if_orphaned(parent_pid, scratch_dir)
+    if os.getppid() != parent or not psutil.pid_exists(main_pid):  # it died meanwhile
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
         os._exit(1)
     torch.set_num_threads(1)
+    return parent, dirs
 
 
-def _remove_if_orphaned(parent_pid: int, scratch_dir: Optional[str]) -> None:
-    """The main process died (SIGKILL) without removing the model's scratch directory: its
-    children do, on their way out."""
-    if scratch_dir and os.getppid() != parent_pid:
-        shutil.rmtree(scratch_dir, ignore_errors=True)
+def _orphan_dirs(scratch_dir: Optional[str], forked: bool) -> List[str]:
+    """What the main process would remove at its exit and cannot if it is killed: the model's
+    scratch folder and, for a component forked from the fork server, multiprocessing's temporary
+    folder of the main process (the fork server's socket), which every component inherits."""
+    temp = mp.current_process()._config.get("tempdir") if forked else None
+    return [d for d in (scratch_dir, temp) if d]
 
 
-def _on_parent_death(parent_pid: int, scratch_dir: Optional[str], signum, frame) -> None:
+def _leave_fork_server() -> None:
+    """A process forked from the fork server holds the write end of its "alive" pipe (to start
+    processes of its own through it). The fork server ends when every copy is closed: that of
+    the main process as it exits or dies, and, closed here, the component's. Then the fork
+    server's end sends the components the parent-death signal; held open, the fork server and
+    the components would wait for each other after the main process's death."""
+    server = mp_forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is None and getattr(
+            server, "_forkserver_alive_fd", None) is not None:  # inherited, not its own server's
+        try:
+            os.close(server._forkserver_alive_fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
+def _remove_if_orphaned(parent_pid: int, dirs: List[str]) -> None:
+    """The main process died (SIGKILL) without removing ``dirs`` (``_orphan_dirs``): its
+    components do, on their way out (``parent_pid``: the parent they watch)."""
+    if os.getppid() != parent_pid:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _on_parent_death(parent_pid: int, dirs: List[str], signum, frame) -> None:
     """SIGHUP: the parent's thread that started this process ended. The kernel sends it before
     it hands this process to a new parent, so wait (up to 2 s) for that, remove the scratch
     directory if the parent is gone, and die as SIGHUP's default action does."""
     deadline = time.monotonic() + 2.0
     while os.getppid() == parent_pid and time.monotonic() < deadline:
         time.sleep(0.01)
-    _remove_if_orphaned(parent_pid, scratch_dir)
+    _remove_if_orphaned(parent_pid, dirs)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     os.killpg(0, signal.SIGHUP)  # with the processes its envs started
 
@@ -84,12 +147,14 @@ def kill_group(pid: int) -> None:
         pass
 
 
-def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, parent_pid: int,
-                   parent_death_signal: bool = True, scratch_dir: Optional[str] = None,
-                   niceness: int = 0):
+def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, main_pid: int,
+                   main_thread: bool = True, scratch_dir: Optional[str] = None,
+                   niceness: int = 0, environ: Optional[dict] = None):
     """Entry point of every component process: init, then step while a train() call runs, idle
-    while paused, until stopped; any failure is reported with its traceback."""
-    _prepare_child(name, parent_pid, parent_death_signal, scratch_dir)
+    while paused, until stopped; any failure is reported with its traceback. ``main_thread``:
+    started from the main process's main thread; ``environ``: its environment variables."""
+    parent_pid, orphan_dirs = _prepare_child(name, main_pid, main_thread, scratch_dir,
+                                             dict(os.environ) if environ is None else environ)
     if niceness:
         os.nice(niceness)
     component = None
@@ -114,7 +179,7 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
     finally:
         if component is not None:
             component.close()
-        _remove_if_orphaned(parent_pid, scratch_dir)
+        _remove_if_orphaned(parent_pid, orphan_dirs)
     _exit_closed()
 
 
@@ -251,8 +316,8 @@ def check_main_guard() -> None:
     if spec_name is None and path is not None and not os.path.isfile(path):
         raise RuntimeError(
             f"the main script was read from {path} (e.g. `python - <<EOF`), not from a file: "
-            "asyncrl starts its workers with multiprocessing's 'spawn', and a spawned process must "
-            "import the main script again, which it cannot do from standard input. Save the "
+            "asyncrl starts its workers as new processes (multiprocessing's fork server or "
+            "spawn), which must import the main script again, and cannot from standard input. Save the "
             "script to a file and run `python file.py` (or use serial_mode=True)")
     if not path or not path.endswith(".py") or (
             spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__"))):
@@ -278,6 +343,7 @@ def check_main_guard() -> None:
             return
     raise RuntimeError(
         f"training was started at the top level of {path} (line {line}), outside "
-        '`if __name__ == "__main__":`. asyncrl starts its workers with multiprocessing\'s '
-        "'spawn', which runs the script's top level again in each worker, where this would "
-        'start training anew. Put the code that trains under `if __name__ == "__main__":`')
+        '`if __name__ == "__main__":`. asyncrl starts its workers as new processes '
+        "(multiprocessing's fork server or spawn), which run the script's top level again, "
+        'where this would start training anew. Put the code that trains under '
+        '`if __name__ == "__main__":`')

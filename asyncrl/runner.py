@@ -23,7 +23,6 @@ from typing import Any, Callable, List, NamedTuple, Optional
 
 import faster_fifo
 import torch
-import torch.multiprocessing as mp
 from multiprocessing import util as mp_util
 
 from . import ipc, pickling
@@ -37,7 +36,8 @@ from .models import PolicySpec
 from .multiagent import AgentLayout
 from .policy_worker import PolicyWorker
 from .processes import (LOOP_TIMEOUT, PAUSE_POLL, Make, check_main_guard, check_shm_space,
-                        component_main, kill_group, shutdown_graph, watch_queue_locks)
+                        component_main, kill_group, process_context, shutdown_graph,
+                        watch_queue_locks)
 from .rollout_worker import RolloutWorker
 
 REPORT_WAIT = 2.0      # seconds a pause waits for the rollout workers' last reports
@@ -386,11 +386,12 @@ class Runner:
     def _spawn(self, name: str):
         # Not daemonic, so that an env may start processes of its own; every exit path joins
         # them (shutdown_graph), and they die with this process (parent-death signal).
-        p = mp.get_context("spawn").Process(
+        p = process_context().Process(
             target=component_main, name=name, daemon=False,
             args=(name, self.makes[name], self.ctl, self.queues.report, os.getpid(),
                   threading.current_thread() is threading.main_thread(), self.scratch_dir,
-                  0 if name.startswith("learner") else self.cfg.sampler_nice))  # sampling yields
+                  0 if name.startswith("learner") else self.cfg.sampler_nice,  # sampling yields
+                  dict(os.environ)))
         p.start()
         return p
 

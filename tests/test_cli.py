@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from test_multiprocess import multiprocessing_helper
+
 pytestmark = pytest.mark.timeout(300)
 TINY = ["--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16",
         "--batch_size", "128", "--minibatch_size", "64", "--device", "cpu", "--log_interval", "0.5"]
@@ -165,7 +167,7 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code):
     while time.monotonic() < deadline and not trained():
         time.sleep(0.2)
     workers = [w for w in psutil.Process(proc.pid).children(recursive=True)
-               if "resource_tracker" not in " ".join(w.cmdline())]
+               if not multiprocessing_helper(w, proc.pid)]
     assert len(workers) >= 3  # rollout-0, policy-0, learner
     proc.send_signal(getattr(signal, sig))
     try:

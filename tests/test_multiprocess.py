@@ -18,14 +18,23 @@ SMALL = dict(num_workers=2, num_envs_per_worker=4, rollout=16, batch_size=256, m
 NUM_COMPONENTS = SMALL["num_workers"] + 2  # rollout-0, rollout-1, policy-0, learner
 
 
+def multiprocessing_helper(proc: psutil.Process, parent_pid: int) -> bool:
+    """Whether ``proc`` is the resource tracker or the fork server multiprocessing started for
+    ``parent_pid`` (its direct children; the components forked from the fork server carry its
+    command line too, but are its children)."""
+    cmdline = " ".join(proc.cmdline())
+    return proc.ppid() == parent_pid and ("multiprocessing.resource_tracker" in cmdline
+                                          or "multiprocessing.forkserver" in cmdline)
+
+
 def worker_children():
-    """Live descendants of this process, except Python's own resource tracker (started once by
-    multiprocessing on its first semaphore, for the life of the interpreter)."""
+    """Live descendants of this process, except multiprocessing's resource tracker and fork
+    server (each started once, for the life of the interpreter)."""
     tracker_pid = getattr(resource_tracker._resource_tracker, "_pid", None)
     out = []
     for c in psutil.Process().children(recursive=True):
         try:
-            if c.pid == tracker_pid or "multiprocessing.resource_tracker" in " ".join(c.cmdline()):
+            if c.pid == tracker_pid or multiprocessing_helper(c, os.getpid()):
                 continue
         except psutil.NoSuchProcess:
             continue

@@ -12,6 +12,7 @@ import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
+from test_multiprocess import multiprocessing_helper
 
 from asyncrl import APPO
 from asyncrl.fileio import make_scratch_dir, orphaned_scratch_dirs
@@ -38,11 +39,11 @@ def removed_by_the_next_start(before: set, kernel_pid: int = None) -> None:
 
 
 def worker_pids(kernel_pid: int) -> list:
-    """The kernel's child processes but multiprocessing's resource tracker (one per process that
-    used spawn, living as long as it)."""
+    """The kernel's child processes but multiprocessing's resource tracker and fork server (one
+    each per process that started components, living as long as it)."""
     try:
         children = psutil.Process(kernel_pid).children(recursive=True)
-        return [p.pid for p in children if "resource_tracker" not in " ".join(p.cmdline())]
+        return [p.pid for p in children if not multiprocessing_helper(p, kernel_pid)]
     except psutil.NoSuchProcess:
         return []
 

@@ -8,13 +8,13 @@ import math
 
 import gymnasium as gym
 import numpy as np
-import psutil
 import pytest
 import torch
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple
 
 import custom_envs
 import space_envs as se
+from test_multiprocess import worker_children
 from asyncrl import APPO, ConfigError
 from asyncrl.models import ActorCritic
 
@@ -145,19 +145,6 @@ def check_predictions(model, obs_space, act_space, n=6):
         for i in range(n):
             assert se.legal(act_space, unbatch(act_space, batch, i)), (batch, act_space)
     return stack(obs_space, obs)
-
-
-def worker_children():
-    """Live descendants of this process, except multiprocessing's resource tracker."""
-    out = []
-    for c in psutil.Process().children(recursive=True):
-        try:
-            if "multiprocessing.resource_tracker" in " ".join(c.cmdline()):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        out.append(c)
-    return out
 
 
 # --- 1. every space trains, predicts, saves and loads ----------------------------------------

@@ -14,6 +14,7 @@ import pytest
 
 import custom_envs
 from asyncrl import APPO, WorkerError, ipc
+from asyncrl.fileio import make_scratch_dir, stale_fork_server_dirs
 from test_multiprocess import NUM_COMPONENTS, SMALL, worker_children
 
 KILLS = 5
@@ -228,6 +229,7 @@ def test_workers_exit_on_their_own_when_the_main_process_is_sigkilled(tmp_path):
                     print("training", flush=True)
             APPO("CartPole-v1", **SMALL).train(10 ** 9, callback=started, callback_interval=0.2)
     """ % os.path.dirname(__file__)))
+    stale_before = set(stale_fork_server_dirs())
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     workers = []
     try:
@@ -244,8 +246,10 @@ def test_workers_exit_on_their_own_when_the_main_process_is_sigkilled(tmp_path):
                 break
             time.sleep(0.1)
         assert alive == [], f"still running 10 s after the main process died: {alive}"
-        # ... and they removed the dead model's scratch directory on their way out
+        # ... and they removed the dead model's scratch directory on their way out, and the
+        # dead process's fork-server folder
         assert glob.glob(os.path.join(tempfile.gettempdir(), f"asyncrl-{proc.pid}-*")) == []
+        assert set(stale_fork_server_dirs()) <= stale_before
     finally:
         proc.kill()
         proc.wait()
@@ -279,3 +283,23 @@ def test_env_factory_a_worker_cannot_import_is_named(tmp_path, monkeypatch):
         model.close()
         sys.modules.pop("only_here", None)
     assert worker_children() == []
+
+
+def test_a_stale_fork_server_folder_is_removed_by_the_next_model_and_a_live_one_kept():
+    """A process killed with no component alive leaves multiprocessing's folder of its fork
+    server's socket: the next model's start removes it, never one whose socket is bound."""
+    import shutil
+    import socket
+    stale, live = tempfile.mkdtemp(prefix="pymp-"), tempfile.mkdtemp(prefix="pymp-")
+    open(os.path.join(stale, "listener-abc"), "w").close()  # no process binds it
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(os.path.join(live, "listener-xyz"))
+            sock.listen()
+            found = stale_fork_server_dirs()
+            assert stale in found and live not in found
+            shutil.rmtree(make_scratch_dir())
+            assert not os.path.exists(stale) and os.path.exists(live)
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
