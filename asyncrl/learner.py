@@ -98,9 +98,8 @@ def keep_freed_memory() -> bool:
     raised only as far as the largest block freed so far). An update allocates and frees the
     same activation tensors every minibatch, and every fresh mapping page-faults on first touch
     (the measured gain: docs/benchmarks/measured.md). Freed memory is reused, so the peak does
-    not grow. For the
-    learner's process (not the user's: the serial mode leaves it alone). False where mallopt
-    is missing or refuses (not glibc)."""
+    not grow. For the learner's process (not the user's: the serial mode leaves it alone).
+    False where mallopt is missing or refuses (not glibc)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

@@ -1,8 +1,9 @@
 """How a component process of the graph lives and dies: started (from multiprocessing's fork
-server, or spawned) with a name, the parent-death signal and its own process group, stepped while a train() call runs and idle
-while paused, and stopped with a grace period, then terminated and killed; the locks a dead
-process held are freed by a watching thread of the main process. Also the checks made before
-anything is spawned (shared memory, the main-script guard)."""
+server, or spawned) with a name, the parent-death signal and its own process group, stepped
+while a train() call runs and idle while paused, and stopped with a grace period, then
+terminated and killed; the locks a dead process held are freed by a watching thread of the
+main process. Also the checks made before anything is started (shared memory, the main-script
+guard)."""
 from __future__ import annotations
 
 import ast
@@ -317,8 +318,8 @@ def check_main_guard() -> None:
         raise RuntimeError(
             f"the main script was read from {path} (e.g. `python - <<EOF`), not from a file: "
             "asyncrl starts its workers as new processes (multiprocessing's fork server or "
-            "spawn), which must import the main script again, and cannot from standard input. Save the "
-            "script to a file and run `python file.py` (or use serial_mode=True)")
+            "spawn), which must import the main script again, and cannot from standard input. "
+            "Save the script to a file and run `python file.py` (or use serial_mode=True)")
     if not path or not path.endswith(".py") or (
             spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__"))):
         return
