@@ -149,13 +149,11 @@ def kill_group(pid: int) -> None:
 
 
 def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, main_pid: int,
-                   main_thread: bool = True, scratch_dir: Optional[str] = None,
-                   niceness: int = 0, environ: Optional[dict] = None):
+                   main_thread: bool, scratch_dir: Optional[str], niceness: int, environ: dict):
     """Entry point of every component process: init, then step while a train() call runs, idle
     while paused, until stopped; any failure is reported with its traceback. ``main_thread``:
     started from the main process's main thread; ``environ``: its environment variables."""
-    parent_pid, orphan_dirs = _prepare_child(name, main_pid, main_thread, scratch_dir,
-                                             dict(os.environ) if environ is None else environ)
+    parent_pid, orphan_dirs = _prepare_child(name, main_pid, main_thread, scratch_dir, environ)
     if niceness:
         os.nice(niceness)
     component = None

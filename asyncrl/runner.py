@@ -520,7 +520,8 @@ class Runner:
             time.sleep(PAUSE_POLL)
         worker[Worker.RECLAIMABLE] = worker[Worker.INCARNATION]
         for part in self.parts:
-            part.buffers.claiming[worker_idx] = 0  # it died inside a claim: the learner's audit finds the slot
+            # it died inside a claim: the learner's audit finds the slot
+            part.buffers.claiming[worker_idx] = 0
             part.ctl[Ctl.RECLAIM] += 1
         return "its trajectory slots go back to the learner" + ("s" if len(self.parts) > 1 else "")
 
