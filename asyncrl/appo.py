@@ -4,26 +4,29 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import pathlib
 import random
 import shutil
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar, Union
 
 import numpy as np
 import torch
 
 from asyncrl.envs import env_family
 
+from . import pickling
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .acting import as_numpy, play_episode, predict_mask, predict_state, stack_actions
-from .config import MUTABLE_HPARAMS, Config, ConfigError, ConfigKwargs
+from .config import (DEVICES_HINT, MUTABLE_HPARAMS, Config, ConfigError, ConfigKwargs, Settings,
+                     schedule_value, valid_device)
 from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
-from .fileio import make_scratch_dir, policy_folder
+from .fileio import PolicyFiles, atomic_torch_save, make_scratch_dir
 from .logger import TrainLogger
 from .models import PolicySpec, build_checked
 from .multiagent import AgentView, play_parallel_episode
-from .parameters import Parameters
+from .parameters import PolicyParameters
 from .runner import Runner
 from .trainee import Trainee, build_trainee, run_defaults
 from .spaces import MASK_KEY
@@ -60,7 +63,10 @@ def _first_trainees(attr: str, settable: bool = True, doc: str = "") -> property
     return property(get, set if settable else None, doc=doc)
 
 
-class APPO(Parameters):
+Model = TypeVar("Model", bound="APPO")  # APPO.load returns an instance of the class it is called on
+
+
+class APPO:
     """Asynchronous PPO with V-trace: rollout workers, policy workers and a learner in separate
     processes, trading trajectories through shared memory. The processes start with the first
     ``train()``/``learn()`` call and stay, paused, between calls; :meth:`close` (or the ``with``
@@ -121,31 +127,32 @@ class APPO(Parameters):
             raise ConfigError(f"lanes_per_env={kwargs['lanes_per_env']!r}: it is set by the engine "
                               f"from the env's agents ({lanes[self.policy_id]} here); leave it out")
         schedules = {k: v for k, v in kwargs.items() if k in MUTABLE_HPARAMS and callable(v)}
-        kwargs.update({k: _schedule_value(k, v, 1.0) for k, v in schedules.items()})
+        kwargs.update({k: schedule_value(k, v, 1.0) for k, v in schedules.items()})
         device = kwargs.get("device", Config.device)
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
         defaults = run_defaults(env_family(env), cpu_only, multi_agent=self.agents is not None)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
-        self.config = Config.from_kwargs(defaults(kwargs, not make_distribution(self.action_space).discrete))
-        if self.config.seed is None:
-            self.config = self.config.replace(seed=random.randrange(2 ** 31))
-        self._hparams_set: Dict[str, Any] = {}
-        for name in MUTABLE_HPARAMS:
-            setattr(self, name, schedules.get(name, getattr(self.config, name)))
-        self.device = resolve_device(self.config.device)
+        cfg = Config.from_kwargs(defaults(kwargs, not make_distribution(self.action_space).discrete))
+        if cfg.seed is None:
+            cfg = cfg.replace(seed=random.randrange(2 ** 31))
+        self.settings = Settings(cfg, schedules)  # the run's: the model's attributes and config
+        self.device = resolve_device(cfg.device)
         for cls in (policy, *(o.get("policy") for _, o in [*trained.values(), *probed.frozen.values()])):
             if cls is not None and not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
                 raise ConfigError(f"policy={cls!r}: expected an nn.Module class (see asyncrl.models)")
+        self._tmpdir = make_scratch_dir()  # a folder per trained policy; removed with the model
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+        files = {pid: PolicyFiles.of(self._tmpdir, k, pid) for k, pid in enumerate(trained)}
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.config.seed)
-            if len(trained) == 1:
+            torch.manual_seed(cfg.seed)
+            if len(trained) == 1:  # its settings are the run's
                 spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
-                self.trainees: Dict[str, Trainee] = {
-                    self.policy_id: Trainee(self.policy_id, spec, build_checked(spec, self.config), {}, {})}
+                self.trainees: Dict[str, Trainee] = {self.policy_id: Trainee(
+                    self.policy_id, spec, build_checked(spec, cfg), self.settings, files[self.policy_id])}
             else:  # each with its own settings over the run's
                 run_kwargs = {k: v for k, v in kwargs.items() if k != "lanes_per_env"}
-                self.trainees = {pid: build_trainee(pid, spec, own, run_kwargs, self.config, lanes[pid],
-                                                    policy, policy_kwargs, defaults)
+                self.trainees = {pid: build_trainee(pid, spec, own, run_kwargs, self.settings, lanes[pid],
+                                                    policy, policy_kwargs, defaults, files[pid])
                                  for pid, (spec, own) in trained.items()}
             # frozen policies: the first trained one's policy/policy_kwargs unless they name their own
             first = self.trainees[self.policy_id].spec
@@ -153,19 +160,16 @@ class APPO(Parameters):
                                                  dict(own.get("policy_kwargs", first.policy_kwargs) or {}))
                                  for pid, (spec, own) in probed.frozen.items()}
             # (built with the run's config, as the rollout workers build them)
-            self.frozen = {pid: build_checked(spec, self.config) for pid, spec in self.frozen_specs.items()}
+            self.frozen = {pid: build_checked(spec, cfg) for pid, spec in self.frozen_specs.items()}
         for model in (*self.models().values(), *self.frozen.values()):
             model.eval()
         self._runner: Optional[Runner] = None  # the process graph, kept between calls
         self._num_graphs = 0     # graphs started so far (a new one after an error)
         self._training = False   # inside train(): callbacks run, the learner owns the weights
         self._eval_vec_envs: Dict[str, Any] = {}  # get_env(), per policy id
-        self._tmpdir = make_scratch_dir()
-        self._finalizer: Optional[weakref.finalize] = None
-        for k, (pid, t) in enumerate(self.trainees.items()):  # a folder of files per trained policy
-            t.optimizer_path = os.path.join(self._tmpdir, policy_folder(k, pid), "optimizer.pt")
+        self._params = PolicyParameters(self.trainees, self.frozen,
+                                        () if self.agents is None else self.agents.rule_based)
         self._open_scratch()
-        cfg = self.config
         self.logger = TrainLogger(cfg.verbose, cfg.log_interval, cfg.stats_window, cfg.tensorboard_log)
 
     # The first trained policy's model, spec and counters (the only one of most models)
@@ -183,27 +187,16 @@ class APPO(Parameters):
     lr_schedule = property(lambda self: self.learning_rate,
                            lambda self, v: setattr(self, "learning_rate", v))
 
-    def _hparams(self, progress_remaining: float) -> dict:
-        """The MUTABLE_HPARAMS values now (schedules evaluated), validated into ``self.config``."""
-        values = {n: _schedule_value(n, getattr(self, n), progress_remaining) for n in MUTABLE_HPARAMS}
-        if any(getattr(self.config, n) != v for n, v in values.items()):
-            self.config = self.config.replace(**values)  # raises ConfigError naming the field
-        return values
+    @property
+    def config(self) -> Config:
+        """The run's config, always current (the first trained policy's: a model of one trained
+        policy has no other). Assigning a whole new config changes fields that need new
+        processes at the next ``train()``."""
+        return self.settings.config
 
-    def _trainee_hparams(self, trainee: Trainee) -> Callable[[float], dict]:
-        """progress_remaining -> a trained policy's MUTABLE_HPARAMS values (its own, else the
-        model's attributes), validated."""
-        def values(progress_remaining: float) -> dict:
-            if not trainee.own:
-                return self._hparams(progress_remaining)
-            now = {n: _schedule_value(n, trainee.own.get(n, getattr(self, n)), progress_remaining)
-                   for n in MUTABLE_HPARAMS}
-            trainee.config(self.config, now)  # raises ConfigError naming the field
-            return now
-        return values
-
-    def _trainee_config(self, trainee: Trainee) -> Config:
-        return trainee.config(self.config, self._trainee_hparams(trainee)(1.0))
+    @config.setter
+    def config(self, config: Config) -> None:
+        self.settings.replace_config(config)
 
     # --- training -------------------------------------------------------------------------
     def train(self, train_for_env_steps: int, callback: Optional[Callable[["APPO"], Any]] = None,
@@ -219,13 +212,12 @@ class APPO(Parameters):
         """
         if not isinstance(train_for_env_steps, (int, np.integer)) or train_for_env_steps < 1:
             raise ConfigError(f"train_for_env_steps={train_for_env_steps!r}: must be an integer >= 1")
-        hparams = {pid: self._trainee_hparams(t) for pid, t in self.trainees.items()}
-        for values in hparams.values():
-            values(1.0)  # bad values raise here, before anything starts
+        for t in self.trainees.values():
+            t.hparams_at(1.0)  # bad values raise here, before anything starts
         runner = self._graph()
         self._training = True
         try:
-            runner.run([t.job(int(train_for_env_steps), hparams[pid]) for pid, t in self.trainees.items()],
+            runner.run([t.job(int(train_for_env_steps)) for t in self.trainees.values()],
                        callback=None if callback is None else self._progress_hook(callback),
                        callback_interval=callback_interval)
         finally:  # also after an error or Ctrl-C: the counters that match the kept weights
@@ -245,7 +237,7 @@ class APPO(Parameters):
         """The running process graph, or a new one if there is none or the config changed in a
         field that needs one (anything but MUTABLE_HPARAMS)."""
         structural = lambda cfg: dataclasses.replace(cfg, **{n: 0 for n in MUTABLE_HPARAMS})  # noqa: E731
-        configs = [self._trainee_config(t) for t in self.trainees.values()]
+        configs = [t.config for t in self.trainees.values()]
         if self._runner is not None and [structural(c) for c in self._runner.base_cfgs] != [
                 structural(c) for c in [self.config, *configs]]:
             self._runner.close()
@@ -253,7 +245,7 @@ class APPO(Parameters):
         if self._runner is None:
             self._open_scratch()  # again, if a with block has removed it
             self._runner = Runner(self.config, self.env_factory,
-                                  [t.trained_policy(cfg) for t, cfg in zip(self.trainees.values(), configs)],
+                                  [t.trained_policy() for t in self.trainees.values()],
                                   self.device, self.logger, self._tmpdir, self._num_graphs, self.agents,
                                   {pid: (self.frozen_specs[pid], m) for pid, m in self.frozen.items()})
             self._num_graphs += 1
@@ -263,7 +255,7 @@ class APPO(Parameters):
         """The scratch directory and its folder per trained policy (made again after a with
         block removed them: the model stays usable), removed with the model."""
         for t in self.trainees.values():
-            os.makedirs(os.path.dirname(t.optimizer_path), exist_ok=True)
+            os.makedirs(t.files.folder, exist_ok=True)
         if self._finalizer is None or not self._finalizer.alive:
             self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
 
@@ -444,6 +436,93 @@ class APPO(Parameters):
         """SB3 API: no ``VecNormalize`` wrapper is used."""
         return None
 
+    # --- parameters and persistence ------------------------------------------------------
+    def get_parameters(self) -> Dict[str, dict]:
+        """SB3's layout, keyed by policy id: ``{"policy": state_dict, "policy.optimizer": Adam
+        state}`` (copies, CPU); a multi-agent model's trained policies under their own ids
+        (``"hero"``, ``"hero.optimizer"``, ...), each frozen one's weights under its id.
+        Rule-based policies have none."""
+        return self._params.get()
+
+    def set_parameters(self, load_path_or_dict: Union[dict, str, os.PathLike],
+                       exact_match: bool = True, device: str = "auto") -> None:
+        """Load parameters: a dict in :meth:`get_parameters`' layout (``"<id>.optimizer"`` is
+        optional: without it the learner keeps its Adam state; a policy id's value may also be
+        a path, as below), a bare ``state_dict`` (for the trained policy, when there is one),
+        or a path to a file of :meth:`save` or a ``torch.save``-d state dict. With
+        ``exact_match`` every weight must be present; keys this model lacks and shape
+        mismatches always raise, naming them, and nothing is set. Samples a trained policy
+        collected before are from another policy and are not trained on.
+
+        A frozen policy's weights (``{"opp": state_dict or path}``; no optimizer) reach the
+        rollout workers at the next ``train()``; the trained policies' samples stay valid.
+
+        ``device`` is SB3's argument, checked and otherwise without effect: this process holds
+        every policy on the CPU, and the learners and policy workers copy the weights to
+        ``config.device`` themselves (pass ``device`` to the constructor or ``load`` instead)."""
+        if not (isinstance(device, (str, torch.device)) and valid_device(str(device))):
+            raise ValueError(f"device={device!r}: must be {DEVICES_HINT} (it has no effect here: "
+                             "the weights are held on the CPU and each process moves them)")
+        if self._training:
+            raise RuntimeError("set_parameters() inside a training callback would be overwritten "
+                               "by the learner's next weights: return False from the callback "
+                               "and set the parameters between train() calls")
+        self._open_scratch()  # Adam's state goes to the scratch files, also after a with block
+        self._params.set(load_path_or_dict, exact_match)
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write weights, optimizer state, counters, config and the learner's RNG state to
+        ``path`` (atomically), for every trained policy. Called while training (from a
+        callback), it asks each learner for its state between two updates, so its weights,
+        Adam moments and counters are of one moment. Schedules are saved as their values at
+        the start of a call."""
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.settings.at(1.0)
+        runner = self._runner
+        snapshot = runner.snapshot if self._training and runner is not None and runner.started else None
+        try:
+            trained = self._params.saved(snapshot)
+        except FloatingPointError as e:
+            raise FloatingPointError(f"{e}: not saved to {path}") from None
+        blob = {**trained[self.policy_id], "trained": trained, "config": self.config.__dict__.copy(),
+                # the user's code by value where needed: a file saved from a notebook loads elsewhere
+                "env_factory": pickling.saved(self.env_factory), "num_graphs": self._num_graphs,
+                "policy_class": pickling.saved(self.policy_spec.policy),
+                "policy_kwargs": pickling.saved(self.policy_spec.policy_kwargs),
+                "policies": pickling.saved(self.policies), "policy_mapping": pickling.saved(self.policy_mapping),
+                "frozen": {pid: m.state_dict() for pid, m in self.frozen.items()}}
+        atomic_torch_save(blob, path)
+
+    @classmethod
+    def load(cls: Type[Model], path: Union[str, os.PathLike], env: Any = None, device: str = "auto",
+             **overrides) -> Model:
+        """Rebuild a model (of this class) from :meth:`save`; ``overrides`` replace config
+        fields."""
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=False)
+            factory = env if env is not None else pickling.restored(blob["env_factory"])
+        except (AttributeError, ModuleNotFoundError) as e:
+            raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); its "
+                               "module cannot be imported here: pass env=... to load()") from e
+        policies = overrides.pop("policies", None)
+        if policies is None:  # as saved, each trained policy's settings as they were then
+            policies = pickling.restored(blob.get("policies"))
+            for pid, entry in (blob.get("trained") or {}).items():
+                if entry.get("fields"):  # several trained: their own values (and what they implied)
+                    policies[pid] = {**entry["fields"], **(policies[pid] or {})}
+        model = cls(factory,
+                    policy=overrides.pop("policy", pickling.restored(blob.get("policy_class"))),
+                    policy_kwargs=overrides.pop("policy_kwargs", pickling.restored(blob.get("policy_kwargs"))),
+                    policies=policies,
+                    policy_mapping=overrides.pop("policy_mapping",
+                                                 pickling.restored(blob.get("policy_mapping"))),
+                    **{**blob["config"], "device": device, **overrides})
+        model._params.restore(blob)
+        # graphs started before the save used their seeds: a resumed run draws new env resets
+        model._num_graphs = blob.get("num_graphs", 0) + 1
+        return model
+
     def close(self) -> None:
         """Stop the worker processes and release everything; the model stays usable for
         ``predict``/``evaluate``/``save``, and a later ``train()`` starts new processes."""
@@ -466,14 +545,13 @@ class APPO(Parameters):
 
 
 def _hparam_attribute(name: str) -> property:
-    """A mutable hyper-parameter of APPO: reads what was set (number or schedule); a new value is
-    validated into ``config`` (a schedule's value at progress_remaining=1) before it is kept."""
+    """A mutable hyper-parameter of APPO, a view onto the run's settings: reads what was set
+    (number or schedule); a new value is checked into ``config`` before it is kept."""
     def get(self):
-        return self._hparams_set[name]
+        return self.settings.hparams[name]
 
     def set_(self, value):
-        self.config = self.config.replace(**{name: _schedule_value(name, value, 1.0)})
-        self._hparams_set[name] = value
+        self.settings.set(name, value)
     return property(get, set_, doc=f"``{name}``: a number or a schedule (see the class docstring)")
 
 
@@ -509,13 +587,3 @@ APPO.__init__.__doc__ = (
 for _name in MUTABLE_HPARAMS:
     setattr(APPO, _name, _hparam_attribute(_name))
 
-
-def _schedule_value(name: str, value: Any, progress_remaining: float) -> Any:
-    """A hyper-parameter's value now: ``value`` itself, or ``value(progress_remaining)``."""
-    if not callable(value):
-        return value
-    try:
-        return value(progress_remaining)
-    except Exception as e:
-        raise ConfigError(f"{name}: the schedule {value!r} failed at progress_remaining="
-                          f"{progress_remaining:.3f} ({type(e).__name__}: {e})") from e

@@ -10,7 +10,7 @@ import dataclasses
 import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Tuple, TypedDict, Union
+from typing import Any, Callable, Optional, Tuple, TypedDict, Union
 
 ALGOS = ("appo", "impala", "ppo")
 CNNS = ("nature", "doom", "tiny")
@@ -487,3 +487,42 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
             n += 1
         implied["minibatch_size"] = batch // n if n < batch else batch
     return {**preset, **implied, **kwargs}
+
+
+def schedule_value(name: str, value: Any, progress_remaining: float) -> Any:
+    """A hyper-parameter's value now: ``value`` itself, or ``value(progress_remaining)``."""
+    if not callable(value):
+        return value
+    try:
+        return value(progress_remaining)
+    except Exception as e:
+        raise ConfigError(f"{name}: the schedule {value!r} failed at progress_remaining="
+                          f"{progress_remaining:.3f} ({type(e).__name__}: {e})") from e
+
+
+class Settings:
+    """A model's config and its ``MUTABLE_HPARAMS`` as set (numbers, or schedules of SB3's
+    ``progress_remaining``): their one home. ``config`` is always current: a value set is checked
+    into it at once (a schedule's at progress 1; a bad one raises ConfigError and is not kept),
+    and while training it holds the schedules' values at the run's progress."""
+
+    def __init__(self, config: Config, schedules: dict):
+        self.config = config
+        self.hparams = {n: schedules.get(n, getattr(config, n)) for n in MUTABLE_HPARAMS}
+
+    def set(self, name: str, value: Any) -> None:
+        self.config = self.config.replace(**{name: schedule_value(name, value, 1.0)})
+        self.hparams[name] = value
+
+    def replace_config(self, config: Config) -> None:
+        """A whole new config: the hyper-parameters it changes become numbers."""
+        self.hparams.update({n: getattr(config, n) for n in MUTABLE_HPARAMS
+                             if getattr(config, n) != getattr(self.config, n)})
+        self.config = config
+
+    def at(self, progress_remaining: float) -> dict:
+        """The hyper-parameters' values at ``progress_remaining``, checked into ``config``."""
+        values = {n: schedule_value(n, v, progress_remaining) for n, v in self.hparams.items()}
+        if any(getattr(self.config, n) != v for n, v in values.items()):
+            self.config = self.config.replace(**values)  # raises ConfigError naming the field
+        return values

@@ -8,7 +8,7 @@ import pathlib
 import re
 import shutil
 import tempfile
-from typing import IO, Any, Iterator, Union
+from typing import IO, Any, Iterator, NamedTuple, Union
 
 import psutil
 
@@ -89,7 +89,26 @@ def make_scratch_dir() -> str:
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
 
 
-def policy_folder(k: int, policy_id: str) -> str:
-    """The name of the scratch folder of the ``k``-th trained policy (its id, made a safe file
-    name; the index keeps two ids that read alike apart)."""
-    return f"{k}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", policy_id)[:64]
+class PolicyFiles(NamedTuple):
+    """A trained policy's scratch folder and its files: Adam's state and the learner's RNG (its
+    learner writes them at every pause, the facade reads them to save), and the snapshot a
+    learner writes when asked mid-run."""
+    folder: str
+
+    @classmethod
+    def of(cls, scratch_dir: str, k: int, policy_id: str) -> "PolicyFiles":
+        """The ``k``-th trained policy's, named after its id (made a safe file name; the index
+        keeps two ids that read alike apart)."""
+        return cls(os.path.join(scratch_dir, f"{k}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", policy_id)[:64]))
+
+    @property
+    def optimizer(self) -> str:
+        return os.path.join(self.folder, "optimizer.pt")
+
+    @property
+    def rng(self) -> str:
+        return os.path.join(self.folder, "rng.pt")
+
+    @property
+    def snapshot(self) -> str:
+        return os.path.join(self.folder, "snapshot.pt")

@@ -16,7 +16,7 @@ from torch import nn
 from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
                       SlotState, TrajectoryBuffers, Worker)
 from .config import MUTABLE_HPARAMS, Config
-from .fileio import atomic_torch_save
+from .fileio import PolicyFiles, atomic_torch_save
 from .losses import masked_mean, ppo_loss
 from .messages import Report, ReportKind
 from .models import ActorCritic, PolicySpec
@@ -84,14 +84,6 @@ def index_obs(obs: Dict[str, torch.Tensor], idx) -> Dict[str, torch.Tensor]:
 
 
 # A trained policy's scratch files sit beside its Adam state, in its own folder (APPO).
-def rng_path(optimizer_path: str) -> str:
-    return os.path.join(os.path.dirname(optimizer_path), "rng.pt")
-
-
-def snapshot_path(optimizer_path: str) -> str:
-    return os.path.join(os.path.dirname(optimizer_path), "snapshot.pt")
-
-
 def keep_freed_memory() -> bool:
     """Have glibc serve blocks up to 32 MiB from the heap and keep freed heap memory, instead of
     mapping each large tensor afresh and unmapping it when freed (its default above 128 KiB,
@@ -128,7 +120,7 @@ def make_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
 class Learner:
     def __init__(self, cfg: Config, policy_spec: PolicySpec, device: str, buffers: TrajectoryBuffers,
                  weights: SharedWeights, optimizer_state: SharedOptimizerState,
-                 hparams: SharedHyperParams, ctl: SharedControl, queues, optimizer_path: str,
+                 shared_hparams: SharedHyperParams, ctl: SharedControl, queues, files: PolicyFiles,
                  serial: bool = False, name: str = "learner", trained_idx: int = 0):
         """``ctl``: its trained policy's row; ``queues``: that policy's (``PolicyQueues``);
         ``trained_idx``: the policy's index among the run's trained ones (its RNG's seed)."""
@@ -136,8 +128,8 @@ class Learner:
         self.policy_spec = policy_spec
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
         self.shared_optimizer = optimizer_state
-        self.hparams, self.hparams_version = hparams, None
-        self.optimizer_path, self.optimizer_epoch = optimizer_path, 0
+        self.shared_hparams, self.hparams_version = shared_hparams, None
+        self.files, self.optimizer_epoch = files, 0
         self.snapshot_served = 0
         self.full_slot_queue, self.free_slot_queue = queues.full_slot, queues.free_slot
         self.wake_rollout_workers = queues.ring_all
@@ -204,18 +196,18 @@ class Learner:
         self.last_progress = max(self.last_progress, time.perf_counter())  # keeps init's grace
 
     def _load_optimizer(self) -> None:
-        if os.path.exists(self.optimizer_path):
-            self.optimizer.load_state_dict(torch.load(self.optimizer_path, map_location=self.device))
+        if os.path.exists(self.files.optimizer):
+            self.optimizer.load_state_dict(torch.load(self.files.optimizer, map_location=self.device))
             self.hparams_version = None  # re-apply the learning rate
-        if os.path.exists(rng_path(self.optimizer_path)):  # minibatch order continues on resume
-            self.rng.set_state(torch.load(rng_path(self.optimizer_path)))
+        if os.path.exists(self.files.rng):  # minibatch order continues on resume
+            self.rng.set_state(torch.load(self.files.rng))
 
     def _apply_hparams(self) -> None:
         """Pick up hyper-parameters the main process changed (validated there)."""
-        if self.hparams.version == self.hparams_version:
+        if self.shared_hparams.version == self.hparams_version:
             return
-        self.hparams_version = self.hparams.version
-        self.cfg = dataclasses.replace(self.cfg, **self.hparams.read())
+        self.hparams_version = self.shared_hparams.version
+        self.cfg = dataclasses.replace(self.cfg, **self.shared_hparams.read())
         for group in self.optimizer.param_groups:
             group["lr"], group["eps"] = self.cfg.learning_rate, self.cfg.adam_eps
 
@@ -338,23 +330,23 @@ class Learner:
 
     def save_optimizer(self) -> None:
         """Adam's state and the learner's RNG state, beside the last published weights."""
-        if self.optimizer is None or not os.path.isdir(os.path.dirname(self.optimizer_path)):
+        if self.optimizer is None or not os.path.isdir(self.files.folder):
             return  # the model was dropped and its scratch directory removed: nobody reads them
         try:
-            atomic_torch_save(self.optimizer.state_dict(), self.optimizer_path, durable=False)
-            atomic_torch_save(self.rng.get_state(), rng_path(self.optimizer_path), durable=False)
+            atomic_torch_save(self.optimizer.state_dict(), self.files.optimizer, durable=False)
+            atomic_torch_save(self.rng.get_state(), self.files.rng, durable=False)
         except FileNotFoundError:
-            if os.path.isdir(os.path.dirname(self.optimizer_path)):
+            if os.path.isdir(self.files.folder):
                 raise  # removed while writing: as above
 
     def snapshot(self) -> None:
         """Between updates, on the main process's request: everything a checkpoint needs, from
-        one moment (weights, Adam, counters, RNG), to ``snapshot_path``."""
+        one moment (weights, Adam, counters, RNG), to its snapshot file."""
         request = self.ctl[Ctl.SNAPSHOT_REQUEST]
         state = {"policy": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
                  "optimizer": self.optimizer.state_dict(), "learner_rng": self.rng.get_state(),
                  "policy_version": self.version, "num_timesteps": self.ctl[Ctl.TRAINED_ENV_STEPS]}
-        atomic_torch_save(state, snapshot_path(self.optimizer_path), durable=False)
+        atomic_torch_save(state, self.files.snapshot, durable=False)
         self.snapshot_served = request
         self.ctl[Ctl.SNAPSHOT_DONE] = request
 

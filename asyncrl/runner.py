@@ -29,7 +29,8 @@ from . import ipc, pickling
 from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
                       TrajectoryBuffers, Worker, buffer_spec)
 from .config import Config
-from .learner import Learner, snapshot_path
+from .fileio import PolicyFiles
+from .learner import Learner
 from .logger import TrainLogger
 from .messages import ReportKind
 from .models import PolicySpec
@@ -110,25 +111,25 @@ class Queues:
 
 class TrainedPolicy(NamedTuple):
     """What the facade gives the graph of one trained policy: its id, config (the graph's, with
-    the policy's own learner settings), model spec, a model of its shape (CPU) and the file of
-    its Adam state."""
+    the policy's own learner settings), model spec, a model of its shape (CPU) and its scratch
+    files."""
     policy_id: str
     cfg: Config
     spec: PolicySpec
     model: torch.nn.Module
-    optimizer_path: str
+    files: PolicyFiles
 
 
 class Job(NamedTuple):
     """One trained policy's part of a ``Runner.run`` call. ``model`` (CPU) is updated in place;
-    ``hparams(progress_remaining)`` gives its MUTABLE_HPARAMS values (validated); samples of
+    ``hparams_at(progress_remaining)`` gives its MUTABLE_HPARAMS values (validated); samples of
     versions below ``min_version`` are not trained on; a new ``optimizer_epoch`` makes its
     learner reload the optimizer file."""
     model: torch.nn.Module
     version: int
     start_env_steps: int
     target_env_steps: int
-    hparams: Callable[[float], dict]
+    hparams_at: Callable[[float], dict]
     min_version: int = 0
     optimizer_epoch: int = 0
 
@@ -142,11 +143,11 @@ class PolicyPart:
                  queues: PolicyQueues, several: bool):
         self.k, self.policy_id, self.spec = k, trained.policy_id, trained.spec
         self.cfg = trained.cfg.replace(seed=(seed + 100_003 * k) % 2 ** 31)
-        self.optimizer_path = trained.optimizer_path
+        self.files = trained.files
         self.buffers = TrajectoryBuffers(self.cfg, self.slot_spec(trained))
         self.weights = SharedWeights(trained.model)
         self.optimizer_state = SharedOptimizerState(trained.model)
-        self.hparams = SharedHyperParams(self.cfg)
+        self.shared_hparams = SharedHyperParams(self.cfg)
         self.ctl, self.queues = ctl.row(k), queues
         queues.free_slot.put_many(list(range(self.cfg.num_slots)))
         # process names: those of a single-policy graph, or with the policy id
@@ -174,7 +175,7 @@ class PolicyPart:
                for p in range(self.cfg.num_policy_workers)]
         out.append((self.learner_name, Make(Learner, policy_spec=self.spec, device=device,
                                             weights=self.weights, optimizer_state=self.optimizer_state,
-                                            hparams=self.hparams, optimizer_path=self.optimizer_path,
+                                            shared_hparams=self.shared_hparams, files=self.files,
                                             name=self.learner_name, trained_idx=self.k,
                                             **common)))
         return out
@@ -183,7 +184,7 @@ class PolicyPart:
         """A run begins: publish the weights and counters the caller holds."""
         self.job, self.version, self.trained_env_steps = job, job.version, job.start_env_steps
         self.weights.publish(job.model, job.version, job.start_env_steps)
-        self.hparams.write(job.hparams(1.0))
+        self.shared_hparams.write(job.hparams_at(1.0))
         ctl = self.ctl
         ctl[Ctl.TRAINED_ENV_STEPS], ctl[Ctl.TARGET_ENV_STEPS] = job.start_env_steps, job.target_env_steps
         ctl[Ctl.LEARNER_DONE], ctl[Ctl.MIN_VERSION] = 0, job.min_version
@@ -193,7 +194,7 @@ class PolicyPart:
         """The hyper-parameter schedules at this policy's progress."""
         trained, job = self.ctl[Ctl.TRAINED_ENV_STEPS], self.job
         total = max(1, job.target_env_steps - job.start_env_steps)
-        self.hparams.write(job.hparams(1.0 - min(1.0, (trained - job.start_env_steps) / total)))
+        self.shared_hparams.write(job.hparams_at(1.0 - min(1.0, (trained - job.start_env_steps) / total)))
 
     def fetch(self, model: torch.nn.Module) -> None:
         """The last published weights into ``model``, with their counters, when they moved."""
@@ -432,7 +433,7 @@ class Runner:
                     raise WorkerError(f"{part.learner_name} did not write its state within "
                                       f"worker_timeout={self.cfg.worker_timeout} s")
                 time.sleep(PAUSE_POLL)
-        return torch.load(snapshot_path(part.optimizer_path), map_location="cpu")
+        return torch.load(part.files.snapshot, map_location="cpu")
 
     def _callback_says_stop(self) -> bool:
         if self.callback is None or time.monotonic() - self.last_callback < self.callback_interval:

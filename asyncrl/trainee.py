@@ -1,6 +1,7 @@
-"""A trained policy as the facade keeps it between ``train()`` calls: its model (CPU), its own
-settings, counters and the file of its Adam state; and how several trained policies' configs
-are derived from the run's (each may override any field but ``GRAPH_FIELDS``)."""
+"""A trained policy as the facade keeps it between ``train()`` calls: everything about it (its
+model, its settings over the run's, its scratch files, its counters); and how several trained
+policies' settings are derived from the run's (each may override any field but
+``GRAPH_FIELDS``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +10,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .config import GRAPH_FIELDS, MUTABLE_HPARAMS, Config, ConfigError, with_defaults
+from .config import (GRAPH_FIELDS, MUTABLE_HPARAMS, Config, ConfigError, Settings, schedule_value,
+                     with_defaults)
 from .distributions import make_distribution
+from .fileio import PolicyFiles
 from .learner import make_optimizer
 from .models import PolicySpec, build_checked
 from .runner import Job, TrainedPolicy
@@ -19,37 +22,56 @@ from .spaces import EnvSpec
 
 @dataclasses.dataclass
 class Trainee:
-    """One trained policy. ``fields``: where its config differs from the run's (its own
-    settings and what they imply, its lanes); ``own``: its own MUTABLE_HPARAMS values or
-    schedules (else the model's attributes apply)."""
+    """One trained policy: its id, model spec and model (CPU, the latest weights between calls),
+    its settings, its scratch files (``files``: Adam's state and its learner's RNG) and its
+    counters. Its settings are the run's (``run``, the model's: its attributes and ``config``)
+    except ``fields``, where its config differs from the run's (its own settings and what they
+    imply, its lanes), and ``own``, its own MUTABLE_HPARAMS (numbers or schedules). A model of
+    one trained policy has neither: its settings are the run's."""
     policy_id: str
     spec: PolicySpec
     model: torch.nn.Module
-    fields: dict
-    own: dict
-    optimizer_path: str = ""
+    run: Settings
+    files: PolicyFiles
+    fields: dict = dataclasses.field(default_factory=dict)
+    own: dict = dataclasses.field(default_factory=dict)
     version: int = 0          # weight updates published by its learner
     num_timesteps: int = 0    # agent steps trained on, over all train() calls
     min_version: int = 0      # samples of older versions come from replaced weights
     optimizer_epoch: int = 0  # moves when the user replaced its Adam state
 
-    def config(self, run_cfg: Config, hparams: Optional[dict] = None) -> Config:
-        """Its config: the run's with its own fields (and ``hparams``, current values)."""
-        if not self.fields and not hparams:
-            return run_cfg
-        return run_cfg.replace(**{**self.fields, **(hparams or {})})
+    def __post_init__(self):
+        self.own_now = {n: schedule_value(n, v, 1.0) for n, v in self.own.items()}
 
-    def optimizer_state(self, cfg: Config) -> dict:
-        if os.path.exists(self.optimizer_path):
-            return torch.load(self.optimizer_path, map_location="cpu")
-        return make_optimizer(self.model, cfg).state_dict()  # not trained yet: fresh
+    @property
+    def config(self) -> Config:
+        """Its config now: the run's, with its own fields and hyper-parameters' values."""
+        if not self.fields and not self.own:
+            return self.run.config
+        return self.run.config.replace(**{**self.fields, **self.own_now})
 
-    def trained_policy(self, cfg: Config) -> TrainedPolicy:
-        return TrainedPolicy(self.policy_id, cfg, self.spec, self.model, self.optimizer_path)
+    def hparams_at(self, progress_remaining: float) -> dict:
+        """Its MUTABLE_HPARAMS values at ``progress_remaining`` (its own, else the run's),
+        checked into its config (a bad value raises ConfigError naming the field)."""
+        values = self.run.at(progress_remaining)
+        if self.own:
+            own_now = {n: schedule_value(n, v, progress_remaining) for n, v in self.own.items()}
+            self.run.config.replace(**{**self.fields, **own_now})
+            self.own_now = own_now
+            values = {**values, **own_now}
+        return values
 
-    def job(self, steps: int, hparams: Callable[[float], dict]) -> Job:
+    def optimizer_state(self) -> dict:
+        if os.path.exists(self.files.optimizer):
+            return torch.load(self.files.optimizer, map_location="cpu")
+        return make_optimizer(self.model, self.config).state_dict()  # not trained yet: fresh
+
+    def trained_policy(self) -> TrainedPolicy:
+        return TrainedPolicy(self.policy_id, self.config, self.spec, self.model, self.files)
+
+    def job(self, steps: int) -> Job:
         return Job(self.model, self.version, self.num_timesteps, self.num_timesteps + steps,
-                   hparams, self.min_version, self.optimizer_epoch)
+                   self.hparams_at, self.min_version, self.optimizer_epoch)
 
     def replaced(self) -> None:
         """New weights were set: samples made before are from another policy."""
@@ -69,17 +91,18 @@ def own_settings(pid: str, overrides: dict, policy: Any, policy_kwargs: Optional
     return own.pop("policy", policy), own.pop("policy_kwargs", policy_kwargs), own
 
 
-def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict, run_cfg: Config,
+def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict, run: Settings,
                   lanes: int, policy: Any, policy_kwargs: Optional[dict],
-                  defaults: Callable[[dict, bool], dict]) -> Trainee:
+                  defaults: Callable[[dict, bool], dict], files: PolicyFiles) -> Trainee:
     """A trained policy beside others: its config from the run's keywords, the defaults its
     own action space implies (a continuous policy beside a discrete one: CONTINUOUS_DEFAULTS),
     its own values and its lanes (``defaults(kwargs, continuous)``: the run's
     ``with_defaults``), the run's GRAPH_FIELDS kept; checked. Hyper-parameters its action
     space implies (and the user did not set for the run) become its own."""
     policy, policy_kwargs, own = own_settings(pid, overrides, policy, policy_kwargs)
-    values = {k: (v(1.0) if k in MUTABLE_HPARAMS and callable(v) else v) for k, v in own.items()}
+    values = {k: (schedule_value(k, v, 1.0) if k in MUTABLE_HPARAMS else v) for k, v in own.items()}
     continuous = not make_distribution(env_spec.action_space).discrete
+    run_cfg = run.config
     graph = {f: getattr(run_cfg, f) for f in GRAPH_FIELDS}
     try:
         cfg = Config.from_kwargs(defaults({**run_kwargs, **values, "lanes_per_env": lanes, **graph},
@@ -91,7 +114,7 @@ def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict
     own_hparams = {k: v for k, v in own.items() if k in MUTABLE_HPARAMS}
     own_hparams.update({k: fields[k] for k in MUTABLE_HPARAMS
                         if k in fields and k not in own and k not in run_kwargs})
-    return Trainee(pid, spec, build_checked(spec, cfg), fields, own_hparams)
+    return Trainee(pid, spec, build_checked(spec, cfg), run, files, fields, own_hparams)
 
 
 def run_defaults(family: Optional[str], cpu_only: bool,

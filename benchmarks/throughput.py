@@ -49,6 +49,7 @@ from asyncrl.buffers import SharedControl, buffer_spec
 from asyncrl.flags import add_config_flags, config_flags, parse_value
 from asyncrl.config import ConfigError, available_cores
 from asyncrl.envs import env_family
+from asyncrl.fileio import PolicyFiles
 from asyncrl.learner import Learner, keep_freed_memory, make_batch, make_optimizer
 from asyncrl.spaces import MASK_KEY, OBS_PREFIX, ObsWriter
 
@@ -139,8 +140,8 @@ def stage_costs(env, env_kwargs: dict, flags: dict) -> dict:
         no_queues = type("Queues", (), {"full_slot": None, "free_slot": None, "report": None,
                                         "ring_all": lambda: None})
         learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None,
-                          hparams=None, ctl=SharedControl(), queues=no_queues,
-                          optimizer_path="/nonexistent", serial=True)
+                          shared_hparams=None, ctl=SharedControl(), queues=no_queues,
+                          files=PolicyFiles("/nonexistent"), serial=True)
         # Synchronous PPO trains on the current weights' samples (its fast path); asynchronous
         # algorithms on older ones (their log-probabilities and values recomputed; -1, the
         # sentinel of unwritten steps, would mask them all out).

@@ -5,6 +5,7 @@ import torch
 
 import custom_envs
 from asyncrl import APPO, Config
+from asyncrl.fileio import PolicyFiles
 from asyncrl.learner import Batch, Learner
 from asyncrl.models import ActorCritic
 
@@ -17,8 +18,8 @@ def make_learner(**overrides):
     queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None,
                             "ring_all": lambda: None})
     learner = Learner(cfg, None, "cpu", buffers=None, optimizer_state=None,
-                      weights=None, hparams=None, ctl=None, queues=queues,
-                      optimizer_path="/nonexistent")
+                      weights=None, shared_hparams=None, ctl=None, queues=queues,
+                      files=PolicyFiles("/nonexistent"))
     learner.model = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
     return learner
 
@@ -233,8 +234,8 @@ def make_masking_learner(**overrides):
     env = gym.make("CartPole-v1")
     queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None,
                             "ring_all": lambda: None})
-    learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None, hparams=None,
-                      ctl=SharedControl(), queues=queues, optimizer_path="/nonexistent")
+    learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None, shared_hparams=None,
+                      ctl=SharedControl(), queues=queues, files=PolicyFiles("/nonexistent"))
     learner.model = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
     learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=1e-3)
     return learner

@@ -376,9 +376,9 @@ def test_two_trained_policies_with_their_own_spaces_and_settings_learn_at_once()
     each learn to answer their cue; both are trained in the same run, on their own samples."""
     with APPO(ma_envs.cues, serial_mode=True, **{**FAST, **TWO}) as model:
         small, big = model.trainees["small"], model.trainees["big"]
-        assert small.config(model.config).learning_rate == 3e-3
-        assert big.config(model.config).learning_rate == 2e-3
-        assert big.config(model.config).num_epochs == 2
+        assert small.config.learning_rate == 3e-3
+        assert big.config.learning_rate == 2e-3
+        assert big.config.num_epochs == 2
         assert model.get_parameters()["big"]["action_head.weight"].shape == (4, 32)
         before = model.evaluate(40, seed=0, deterministic=False, policy_id="big")[0]
         model.train(6_000)
@@ -465,7 +465,7 @@ def test_two_trained_policies_save_load_and_resume_each_ones_own_rng_adam_and_co
         loaded.close()
     after = _trained_entries(tmp_path / "c.pt")
     for pid in ("small", "big"):
-        cfg = loaded.trainees[pid].config(loaded.config)
+        cfg = loaded.trainees[pid].config
         steps_per_update = cfg.num_epochs * cfg.batch_size // cfg.minibatch_size
         updates = after[pid]["policy_version"] - saved[pid]["policy_version"]
         assert updates > 0
@@ -513,7 +513,7 @@ def test_trained_policies_with_different_lanes_get_their_own_batch_and_reload(tm
     kw = dict(policies={"one": None, "two": None},
               policy_mapping=lambda agent: "one" if agent == "a0" else "two")
     with APPO(ma_envs.leaving, serial_mode=True, **{**FAST, "rollout": 12}, **kw) as model:
-        configs = {pid: t.config(model.config) for pid, t in model.trainees.items()}
+        configs = {pid: t.config for pid, t in model.trainees.items()}
         assert configs["one"].lanes_per_env == 1 and configs["two"].lanes_per_env == 2
         for cfg in configs.values():
             assert cfg.batch_size % cfg.slot_size == 0 and cfg.batch_size % cfg.minibatch_size == 0
@@ -521,7 +521,7 @@ def test_trained_policies_with_different_lanes_get_their_own_batch_and_reload(tm
         model.save(tmp_path / "m.pt")
     loaded = APPO.load(tmp_path / "m.pt")
     try:
-        assert {pid: t.config(loaded.config).batch_size for pid, t in loaded.trainees.items()} == {
+        assert {pid: t.config.batch_size for pid, t in loaded.trainees.items()} == {
             pid: cfg.batch_size for pid, cfg in configs.items()}
         loaded.train(600)
     finally:
@@ -536,7 +536,7 @@ def test_a_continuous_policy_beside_a_discrete_one_gets_its_own_defaults_not_its
     kw = dict(policies={"disc": None, "cont": None}, policy_mapping=lambda agent: agent)
     with APPO(ma_envs.mixed, serial_mode=True, num_workers=1, num_envs_per_worker=2, seed=0,
               verbose=0, **kw) as model:
-        disc, cont = (t.config(model.config) for t in model.trainees.values())
+        disc, cont = (t.config for t in model.trainees.values())
         assert disc.rollout == cont.rollout == model.config.rollout
         assert cont.num_epochs == CONTINUOUS_DEFAULTS["num_epochs"] and cont.normalize_obs
         assert not disc.normalize_obs
@@ -547,10 +547,10 @@ def test_a_continuous_policy_beside_a_discrete_one_gets_its_own_defaults_not_its
         model.save(tmp_path / "mixed.pt")
     loaded = APPO.load(tmp_path / "mixed.pt", serial_mode=True)
     try:
-        assert loaded.trainees["cont"].config(loaded.config) == cont.replace(serial_mode=True,
+        assert loaded.trainees["cont"].config == cont.replace(serial_mode=True,
                                                                               device=cont.device)
         loaded.train(300)
         with pytest.raises(KeyError, match="not 'ghost'"):
-            loaded._params_from(str(tmp_path / "mixed.pt"), "ghost")
+            loaded._params.parse(str(tmp_path / "mixed.pt"), "ghost")
     finally:
         loaded.close()

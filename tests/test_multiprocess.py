@@ -208,7 +208,7 @@ def test_ctrl_c_keeps_counters_consistent_with_weights(interrupted_run):
     """The weights kept after Ctrl-C come with the env steps and version they were trained to."""
     model = interrupted_run["model"]
     assert interrupted_run["weights_changed"]
-    assert os.path.exists(model.trainees[model.policy_id].optimizer_path)  # the stopped learner saved Adam's state
+    assert os.path.exists(model.trainees[model.policy_id].files.optimizer)  # the stopped learner saved Adam's state
     assert model.num_timesteps > 0
     assert model.num_timesteps % model.config.batch_size == 0
     assert model.policy_version == model.num_timesteps // model.config.batch_size

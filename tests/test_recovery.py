@@ -5,7 +5,6 @@ import os
 import queue
 import signal
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -14,6 +13,7 @@ from torch import nn
 from asyncrl import Config
 from asyncrl.buffers import (Ctl, SharedControl, SharedOptimizerState, SharedWeights, SlotState,
                              TrajectoryBuffers, Worker)
+from asyncrl.fileio import PolicyFiles
 from asyncrl.learner import Learner
 from asyncrl.learner import make_optimizer as make_learner_optimizer
 from asyncrl.runner import Queues
@@ -33,8 +33,8 @@ class Graph:
         self.ctl, self.all_queues = SharedControl(1, W), Queues(CFG)
         self.queues = self.all_queues.policy[0]  # the one trained policy's
         self.learner = Learner(CFG, policy_spec=None, device="cpu", buffers=self.buffers,
-                               weights=None, optimizer_state=None, hparams=None, ctl=self.ctl,
-                               queues=self.queues, optimizer_path="unused", serial=True)
+                               weights=None, optimizer_state=None, shared_hparams=None, ctl=self.ctl,
+                               queues=self.queues, files=PolicyFiles("unused"), serial=True)
         self.learner.map_slot_states()
         self.owner = self.buffers.slot_owner.numpy()
 
