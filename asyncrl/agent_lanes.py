@@ -6,7 +6,7 @@ In a turn-based game (see turns) a lane whose agent did not move in a step has i
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ import torch
 from .buffers import SharedWeights
 from .config import Config
 from .models import ActorCritic, PolicySpec
-from .multiagent import global_state
+from .multiagent import AgentLayout, global_state
 from .spaces import MASK_KEY, read_mask, stack_observations
 from .turns import movers
 
@@ -64,21 +64,36 @@ class FrozenPolicy:
 
 
 class AgentLanes:
-    """The rollout worker's steps of PettingZoo ParallelEnvs (a mixin of RolloutWorker: it uses
-    the worker's slot ``pools``, ``agents`` layout, ``frozen`` policies and its env restarts).
-    An agent that plays trained policy k holds a lane of its env in the group's slot of pool k
-    from its first step in an episode to its last (``group.slots[k].lane_of``/``lane_agent``)."""
+    """How a rollout worker steps PettingZoo ParallelEnvs, given the worker's ``layout`` of
+    agents, its slot ``pools``, its ``frozen`` policies and ``restart_env(group, i, t) -> (obs,
+    info, ...)``, the worker's replacement of an env that raised. An agent that plays trained
+    policy k holds a lane of its env in the group's slot of pool k from its first step in an
+    episode to its last (``group.slots[k].lane_of``/``lane_agent``). Episodes numbered
+    ``worker_idx + num_workers * n`` are unique over the run's workers; finished ones collect in
+    ``finished`` ({policy id: [(return, length)]}) until the worker reports them."""
 
-    def _lane_agent(self, group_idx: int, k: int, col: int):
+    def __init__(self, layout: AgentLayout, pools: list, frozen: Dict[str, FrozenPolicy], cfg: Config,
+                 name: str, worker_idx: int, restart_env: Callable[..., tuple]):
+        self.layout, self.pools, self.frozen, self.cfg, self.name = layout, pools, frozen, cfg, name
+        self.worker_idx, self.restart_env = worker_idx, restart_env
+        self.episodes_started = 0
+        self.finished: Dict[str, list] = defaultdict(list)
+
+    def take_finished(self) -> Dict[str, list]:
+        """The episodes finished since the last call, per policy id."""
+        finished, self.finished = self.finished, defaultdict(list)
+        return finished
+
+    def lane_agent(self, group, k: int, col: int):
         """The agent in column ``col`` of a group's slot of pool k (None: an idle lane)."""
         lanes = self.pools[k].lanes
-        return self.groups[group_idx].slots[k].lane_agent[col // lanes][col % lanes]
+        return group.slots[k].lane_agent[col // lanes][col % lanes]
 
-    def _other_actions(self, group) -> List[dict]:
+    def other_actions(self, group) -> List[dict]:
         """Per env of the group, {agent: action} of the agents to move that play no trained
         policy: rule-based ones from their functions, frozen ones from one forward pass per
         frozen policy for the whole group. (User code: its errors are not the env's.)"""
-        layout, out = self.agents, [{} for _ in group.envs]
+        layout, out = self.layout, [{} for _ in group.envs]
         batches = defaultdict(list)  # frozen policy id -> [(env, agent)]
         for i, env in enumerate(group.envs):
             policy_of, observations = group.policy_of[i], group.agent_obs[i]
@@ -95,15 +110,15 @@ class AgentLanes:
                 out[i][a] = action
         return out
 
-    def _step_agents(self, group, i: int, env, actions: list, others: dict, rows: list,
-                     views: list, t: int) -> None:
+    def step(self, group, i: int, env, actions: list, others: dict, rows: list, views: list,
+             t: int) -> None:
         """Step one ParallelEnv: its trained agents to move act from their lanes' actions
         (``actions``: per pool), the others as ``others`` says; row t of its lanes in every pool
         is written (idle lanes: masked, done; ``rows``: per pool, see SlotPool.row), and the
         observations of t + 1 (``views``: each row's observations)."""
         stepped, acting = list(env.agents), {}
         for a in movers(env):
-            k = self.agents.trained_index.get(group.policy_of[i][a])
+            k = self.layout.trained_index.get(group.policy_of[i][a])
             acting[a] = (others[a] if k is None else
                          actions[k][i * self.pools[k].lanes + group.slots[k].lane_of[i][a]])
         try:
@@ -112,7 +127,7 @@ class AgentLanes:
         except Exception:
             if self.cfg.on_env_error == "abort":
                 raise
-            self._started(views, group, i, *self._restart_env(group, i, t)[:2])
+            self.begin_episode(views, group, i, *self.restart_env(group, i, t)[:2])
             for pool, (_, rewards_out, dones_out, truncated_out) in zip(self.pools, rows):
                 cols = slice(i * pool.lanes, (i + 1) * pool.lanes)
                 rewards_out[cols], dones_out[cols], truncated_out[cols] = 0.0, True, False
@@ -140,16 +155,28 @@ class AgentLanes:
             except Exception:
                 if self.cfg.on_env_error == "abort":
                     raise
-                observations, infos = self._restart_env(group, i, t)[:2]
-            self._started(views, group, i, observations, infos)
+                observations, infos = self.restart_env(group, i, t)[:2]
+            self.begin_episode(views, group, i, observations, infos)
         else:
             self._write_agents(views, group, i, observations, infos)
+
+    def begin_episode(self, views: List[dict], group, i: int, observations: dict, infos: dict) -> None:
+        """Env ``i`` was (re)built or reset: a new episode, whose agents are mapped to policies
+        as they appear; its first observations are written into ``views`` (one dict per pool)."""
+        for policy in self.frozen.values():
+            policy.forget(group.episode_idx[i])
+        self.episodes_started += 1
+        group.episode_idx[i] = self.episodes_started * self.cfg.num_workers + self.worker_idx
+        group.policy_of[i], group.agent_return[i], group.agent_length[i] = {}, {}, {}
+        for pool, s in zip(self.pools, group.slots):
+            s.lane_of[i], s.lane_agent[i] = {}, [None] * pool.lanes
+        self._write_agents(views, group, i, observations, infos)
 
     def _take_lane(self, group, i: int, agent: str, k: int) -> None:
         lane_agent, lanes = group.slots[k].lane_agent[i], self.pools[k].lanes
         if None not in lane_agent:
             raise ValueError(
-                f"{self.name}: agent {agent!r} plays the trained policy {self.agents.trained[k]!r} "
+                f"{self.name}: agent {agent!r} plays the trained policy {self.layout.trained[k]!r} "
                 f"in episode {group.episode_idx[i]} while {lane_agent} do: more than the "
                 f"{lanes} lane(s) an env has. A fixed mapping, fn(agent_id), must always give "
                 "the same answer (take the episode as a second argument if it varies); with a "
@@ -159,14 +186,13 @@ class AgentLanes:
 
     def _count_agent_episodes(self, group, i: int, env, stepped: list, rewards: dict,
                               terms: dict, truncs: dict) -> None:
-        returns, lengths, layout = group.agent_return[i], group.agent_length[i], self.agents
+        returns, lengths, layout = group.agent_return[i], group.agent_length[i], self.layout
         for a in stepped:
             returns[a] = returns.get(a, 0.0) + float(rewards.get(a, 0.0))
             lengths[a] = lengths.get(a, 0) + 1
             if terms.get(a) or truncs.get(a) or a not in env.agents:
                 pid = group.policy_of[i][a]
-                done = self.episodes if pid == layout.policy_id else self.other_episodes[pid]
-                done.append((returns.pop(a), lengths.pop(a)))
+                self.finished[pid].append((returns.pop(a), lengths.pop(a)))
                 k = layout.trained_index.get(pid)
                 if k is not None:  # its lane is free for an agent that comes later
                     s = group.slots[k]
@@ -179,7 +205,7 @@ class AgentLanes:
         (``views``: per pool; the mask of an idle lane, or of an agent not to move, allows
         everything: it is never checked), and the env's global state into every lane of the
         pools whose critic reads it."""
-        layout, policy_of = self.agents, group.policy_of[i]
+        layout, policy_of = self.layout, group.policy_of[i]
         to_move = movers(group.envs[i])
         for a in observations:
             if a not in policy_of:

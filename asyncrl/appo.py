@@ -170,7 +170,8 @@ class APPO:
         self._params = PolicyParameters(self.trainees, self.frozen,
                                         () if self.agents is None else self.agents.rule_based)
         self._open_scratch()
-        self.logger = TrainLogger(cfg.verbose, cfg.log_interval, cfg.stats_window, cfg.tensorboard_log)
+        self.logger = TrainLogger(cfg.verbose, cfg.log_interval, cfg.stats_window, cfg.tensorboard_log,
+                                  self.policy_id)
 
     # The first trained policy's model, spec and counters (the only one of most models)
     policy = _first_trainees("model", settable=False)

@@ -26,20 +26,22 @@ def next_run_dir(root: str, prefix: str = "APPO") -> str:
 
 
 class TrainLogger:
-    """Collects reports from every component; prints and writes them every ``log_interval``."""
+    """Collects reports from every component; prints and writes them every ``log_interval``.
+    ``policy_id``: the model's policy (its first trained one), whose episodes and trained env
+    steps give SB3's ``rollout/ep_rew_mean``, ``time/fps`` and the step axis. Every policy of a
+    multi-agent env also has its own ``rollout/<id>/...``, and with several trained policies
+    each one's ``train/<id>/...`` and ``time/<id>/fps``."""
 
     def __init__(self, verbose: int, log_interval: float, stats_window: int,
-                 tensorboard_dir: Optional[str] = None):
-        self.verbose, self.log_interval = verbose, log_interval
+                 tensorboard_dir: Optional[str] = None, policy_id: str = "policy"):
+        self.verbose, self.log_interval, self.policy_id = verbose, log_interval, policy_id
         self.ep_returns = deque(maxlen=stats_window)
         self.ep_lengths = deque(maxlen=stats_window)
         self.stats_window = stats_window
-        # the other (frozen, rule-based) policies of a multi-agent env: id -> recent (return, length)
-        self.other_episodes: Dict[str, deque] = {}
+        # every policy of a multi-agent env (trained, frozen, rule-based): id -> recent (return, length)
+        self.policy_episodes: Dict[str, deque] = {}
         self.num_episodes = 0
-        # learner process name -> prefix of its train/ scalars: "" for the first trained
-        # policy's, "<id>/" for each other's (set by the Runner)
-        self.learner_prefix: Dict[str, str] = {}
+        self.trained({})
         self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
         self.worker_restarts = 0  # component processes (any kind) replaced after dying
         self.recorded = {}  # scalars from record() (SB3 callbacks), written with the next line
@@ -60,22 +62,30 @@ class TrainLogger:
         self.last_seen = {}        # component -> time of its latest report
         self.train_sums, self.num_updates = defaultdict(float), defaultdict(int)
         self.last_train_by: Dict[str, dict] = {}  # each trained policy's last update's stats
-        self.fps_samples = deque()  # (time, trained env steps)
-        self.other_fps_samples: Dict[str, deque] = defaultdict(deque)  # other trained policies'
+        self.fps_samples: Dict[str, deque] = defaultdict(deque)  # id -> (time, trained env steps)
         self.collected_env_steps = 0
         self.last_log = time.perf_counter()
+
+    def trained(self, learners: Dict[str, str]) -> None:
+        """The graph's trained policies, learner process name -> policy id: the prefix of their
+        ``train/`` scalars is "" for one, "<id>/" for each of several."""
+        several = len(learners) > 1
+        self.learner_prefix = {name: f"{pid}/" if several else "" for name, pid in learners.items()}
+        self.prefix = f"{self.policy_id}/" if several else ""  # the model's policy's
 
     def on_report(self, report: Report) -> None:
         self.last_seen[report.component] = time.monotonic()
         if report.kind is ReportKind.EPISODES:
-            returns, lengths, steps, restarts, others = report.payload
-            for pid, (other_returns, other_lengths) in others.items():
-                window = self.other_episodes.setdefault(pid, deque(maxlen=self.stats_window))
-                window.extend(zip(other_returns, other_lengths))
+            by_policy, steps, restarts = report.payload
+            for pid, (returns, lengths) in by_policy.items():
+                if pid is not None:  # a multi-agent env's policy
+                    window = self.policy_episodes.setdefault(pid, deque(maxlen=self.stats_window))
+                    window.extend(zip(returns, lengths))
+                if pid is None or pid == self.policy_id:
+                    self.ep_returns.extend(returns)
+                    self.ep_lengths.extend(lengths)
+                    self.num_episodes += len(returns)
             self.env_restarts += restarts
-            self.ep_returns.extend(returns)
-            self.ep_lengths.extend(lengths)
-            self.num_episodes += len(returns)
             self.collected_env_steps += steps
         elif report.kind is ReportKind.TRAIN:
             prefix = self.learner_prefix.get(report.component, "")
@@ -117,10 +127,12 @@ class TrainLogger:
 
     def dump(self, step: int = 0) -> None:
         """SB3's ``logger.dump``: write now."""
-        self.maybe_log(step, force=True)
+        self.maybe_log({self.policy_id: step}, force=True)
 
-    def fps(self, window: float, samples: Optional[deque] = None) -> float:
-        samples = self.fps_samples if samples is None else samples
+    def fps(self, window: float, policy_id: Optional[str] = None) -> float:
+        """Trained env steps per second of ``policy_id`` (default: the model's) over the last
+        ``window`` seconds."""
+        samples = self.fps_samples[policy_id or self.policy_id]
         if len(samples) < 2:
             return 0.0
         t_end, s_end = samples[-1]
@@ -131,21 +143,22 @@ class TrainLogger:
 
     @property
     def last_train(self) -> dict:
-        """The first trained policy's last update's stats."""
-        return self.last_train_by.get("", {})
+        """The model's policy's last update's stats."""
+        return self.last_train_by.get(self.prefix, {})
 
     @property
     def ep_rew_mean(self) -> float:
         return sum(self.ep_returns) / len(self.ep_returns) if self.ep_returns else math.nan
 
-    def maybe_log(self, trained_env_steps: int, force: bool = False,
-                  others: Optional[Dict[str, int]] = None) -> None:
-        """``trained_env_steps``: the first trained policy's; ``others``: {id: trained env
-        steps} of the other trained policies."""
+    def maybe_log(self, trained: Dict[str, int], force: bool = False) -> None:
+        """``trained``: {id: trained env steps} of every trained policy (the model's gives the
+        step axis)."""
         now = time.perf_counter()
-        if not self.fps_samples or now - self.fps_samples[-1][0] >= 0.5 or force:
-            for samples, steps in [(self.fps_samples, trained_env_steps),
-                                   *((self.other_fps_samples[p], n) for p, n in (others or {}).items())]:
+        trained_env_steps = trained[self.policy_id]
+        own = self.fps_samples[self.policy_id]
+        if not own or now - own[-1][0] >= 0.5 or force:
+            for pid, steps in trained.items():
+                samples = self.fps_samples[pid]
                 samples.append((now, steps))
                 while now - samples[0][0] > max(FPS_WINDOWS) + 1:
                     samples.popleft()
@@ -197,12 +210,13 @@ class TrainLogger:
                "rollout/env_restarts": float(self.env_restarts),
                "rollout/worker_restarts": float(self.worker_restarts),
                "time/collected_env_steps": float(self.collected_env_steps)}  # this train() call
-        for pid, window in self.other_episodes.items():  # frozen and rule-based policies
+        for pid, window in self.policy_episodes.items():
             if window:
                 out[f"rollout/{pid}/ep_rew_mean"] = sum(r for r, _ in window) / len(window)
                 out[f"rollout/{pid}/ep_len_mean"] = sum(n for _, n in window) / len(window)
-        for pid, samples in self.other_fps_samples.items():  # other trained policies
-            out[f"time/{pid}/fps"] = self.fps(FPS_WINDOWS[0], samples)
+        if len(self.fps_samples) > 1:  # several trained policies
+            for pid in self.fps_samples:
+                out[f"time/{pid}/fps"] = self.fps(FPS_WINDOWS[0], pid)
         for k, v in self.train_sums.items():  # "loss" or "<id>/loss": means since the last line
             prefix = k.rpartition("/")[0] + "/" if "/" in k else ""
             if k != prefix + "policy_lag_max":
@@ -222,10 +236,10 @@ class TrainLogger:
         fps = " ".join(f"{self.fps(w):,.0f} ({w}s)" for w in FPS_WINDOWS)
         line = (f"[asyncrl] steps {steps:,} | fps {fps} | ep_rew_mean {self.ep_rew_mean:.1f} "
                 f"(episodes {self.num_episodes:,})")
-        for pid in self.other_episodes:
-            if f"rollout/{pid}/ep_rew_mean" in scalars:
+        for pid in self.policy_episodes:
+            if pid != self.policy_id and f"rollout/{pid}/ep_rew_mean" in scalars:
                 line += f" | {pid} ep_rew_mean {scalars[f'rollout/{pid}/ep_rew_mean']:.1f}"
-        for prefix in ["", *(p for p in self.learner_prefix.values() if p)]:  # trained policies
+        for prefix in dict.fromkeys(self.learner_prefix.values()):  # trained policies
             if f"train/{prefix}policy_lag_mean" in scalars:
                 line += (f" | {prefix.rstrip('/') + ' ' if prefix else ''}lag mean "
                          f"{scalars[f'train/{prefix}policy_lag_mean']:.1f} "

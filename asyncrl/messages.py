@@ -30,8 +30,8 @@ def parse_ready(code: int) -> tuple:
 
 
 class ReportKind(Enum):
-    EPISODES = "episodes"  # payload: (returns, lengths, env steps collected, env restarts,
-                           #          {other policy id: (returns, lengths)})
+    EPISODES = "episodes"  # payload: ({policy id: (returns, lengths)}, env steps collected,
+                           #          env restarts); id None: a single-agent env's one policy
     TRAIN = "train"        # payload: dict of learner scalars for one update
     TIMING = "timing"      # payload: dict stage -> cumulative seconds
     ERROR = "error"        # payload: formatted traceback

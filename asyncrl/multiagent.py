@@ -87,16 +87,16 @@ def _has_state(env: Any) -> bool:
 class AgentLayout:
     """What the engine knows of a multi-agent env's agents, checked in the main process and
     pickled to every rollout worker: the trained policies' ids (``trained``, in the order of
-    their slot pools; ``policy_id`` is the first, whose return is logged as
-    ``rollout/ep_rew_mean``) and their lanes per env, the frozen policies' ids, the rule-based
-    policies, and the mapping (both cloudpickled)."""
+    their slot pools) and their lanes per env, the frozen policies' ids, the rule-based
+    policies, and the mapping (both cloudpickled; None: every agent plays the one trained
+    policy, ``shared``)."""
 
     def __init__(self, possible_agents: List[str], trained: List[str],
                  rule_based: Dict[str, Callable], mapping: Optional[Callable],
                  frozen: Optional[List[str]] = None):
         self.possible_agents, self.trained = list(possible_agents), list(trained)
         self.trained_index = {pid: k for k, pid in enumerate(self.trained)}
-        self.policy_id = self.trained[0]
+        self.shared = self.trained[0] if mapping is None else None
         self.lanes = {pid: 1 for pid in self.trained}  # set by build_layout
         self.frozen = list(frozen or [])
         self.policy_ids = [*self.trained, *self.frozen, *rule_based]
@@ -121,7 +121,7 @@ class AgentLayout:
         """The policy ``agent`` plays in episode ``episode_idx``; a failing mapping or an
         unknown id raises, naming the agent."""
         if self.mapping is None:
-            return self.policy_id  # one policy, shared by every agent
+            return self.shared  # one policy, shared by every agent
         try:
             pid = self.mapping(agent, episode_idx) if self.arity == 2 else self.mapping(agent)
         except Exception as e:

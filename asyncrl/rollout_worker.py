@@ -12,7 +12,6 @@ import pickle
 import queue
 import time
 import traceback
-from collections import defaultdict
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -30,7 +29,7 @@ from .timing import StageTimer
 REPORT_INTERVAL = 1.0  # seconds between episode/timing reports
 
 
-class RolloutWorker(AgentLanes):
+class RolloutWorker:
     def __init__(self, cfg: Config, worker_idx: int, env_factory: bytes, pools: List[tuple],
                  ctl: SharedControl, queues, serial: bool = False,
                  agents: Optional[AgentLayout] = None, frozen: Optional[dict] = None):
@@ -45,14 +44,15 @@ class RolloutWorker(AgentLanes):
                        for pid, (spec, weights) in (frozen or {}).items()}
         self.ctl, self.serial = ctl, serial
         self.name = f"rollout-{worker_idx}"
+        # a multi-agent env's steps: its agents' lanes in the pools
+        self.lanes = None if agents is None else AgentLanes(agents, self.pools, self.frozen, cfg, self.name,
+                                                            worker_idx, self._restart_env)
         self.action_ready_queue = queues.action_ready[worker_idx]
         self.report_queue = queues.report
         self.timer = StageTimer()
         self.groups: List[EnvGroup] = []
         self.envs: list = []  # every env built so far, closed even if init fails half-way
-        self.episodes: list = []  # (return, length) of the first trained policy's episodes
-        self.other_episodes: Dict[str, list] = defaultdict(list)  # every other policy's
-        self.episodes_started = 0
+        self.episodes: list = []  # (return, length) of a single-agent env's episodes
         self.steps_since_report = 0
         self.env_restarts = 0
         self.trained_seen: list = []  # the learners' trained-env-steps counters, last seen
@@ -153,10 +153,10 @@ class RolloutWorker(AgentLanes):
         with self.timer("env_step"):
             actions = [pool.dist.to_env(pool.actions_np[s.slot_idx, t])
                        for pool, s in zip(self.pools, group.slots)]
-            if self.agents is not None:
-                others = self._other_actions(group)
+            if self.lanes is not None:
+                others = self.lanes.other_actions(group)
                 for i, env in enumerate(group.envs):
-                    self._step_agents(group, i, env, actions, others[i], rows, views, t)
+                    self.lanes.step(group, i, env, actions, others[i], rows, views, t)
             else:  # a single-agent env fills one pool
                 (env_actions,), (row,) = actions, rows
                 self._step_envs(group, env_actions, *row, t)
@@ -226,18 +226,11 @@ class RolloutWorker(AgentLanes):
     def _started(self, views: List[dict], group: EnvGroup, i: int, obs, info) -> None:
         """Env ``i`` was (re)built and reset: write its first observation into ``views`` (one
         dict per pool); a multi-agent env's episode begins: its agents are mapped to policies."""
-        if self.agents is None:  # one pool
-            (pool,), (view,) = self.pools, views
-            self._write(pool, view, i, group.envs[i], obs, info)
+        if self.lanes is not None:
+            self.lanes.begin_episode(views, group, i, obs, info)
             return
-        for policy in self.frozen.values():
-            policy.forget(group.episode_idx[i])
-        self.episodes_started += 1
-        group.episode_idx[i] = self.episodes_started * self.cfg.num_workers + self.worker_idx
-        group.policy_of[i], group.agent_return[i], group.agent_length[i] = {}, {}, {}
-        for pool, s in zip(self.pools, group.slots):
-            s.lane_of[i], s.lane_agent[i] = {}, [None] * pool.lanes
-        self._write_agents(views, group, i, obs, info)
+        (pool,), (view,) = self.pools, views  # one pool
+        self._write(pool, view, i, group.envs[i], obs, info)
 
     @staticmethod
     def _write(pool: SlotPool, views: Dict[str, np.ndarray], i: int, env, obs, info) -> None:
@@ -267,7 +260,8 @@ class RolloutWorker(AgentLanes):
         i = col // pool.lanes
         env_idx = (self.worker_idx * self.cfg.num_envs_per_worker
                    + group_idx * self.cfg.envs_per_group + i)
-        agent = "" if self.agents is None else f", agent {self._lane_agent(group_idx, pool.k, col)!r}"
+        agent = ("" if self.lanes is None
+                 else f", agent {self.lanes.lane_agent(self.groups[group_idx], pool.k, col)!r}")
         return f"env {env_idx} ({self.name}, group {group_idx}, env {i}{agent})"
 
     def _start_env(self, group: EnvGroup, i: int, seed: int) -> tuple:
@@ -319,7 +313,7 @@ class RolloutWorker(AgentLanes):
         i = col // pool.lanes
         what = f"reward {rewards[col]}" if bad_reward[col] else "observation with NaN/Inf"
         if self.agents is not None:
-            what += f" for agent {self._lane_agent(group_idx, pool.k, col)!r}"
+            what += f" for agent {self.lanes.lane_agent(self.groups[group_idx], pool.k, col)!r}"
         env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * self.cfg.envs_per_group + i
         raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}: "
                          f"{self.groups[group_idx].envs[i]}) returned a non-finite {what}")
@@ -390,16 +384,14 @@ class RolloutWorker(AgentLanes):
                                f"raise worker_timeout if this is expected")
 
     def report(self) -> None:
-        returns = [r for r, _ in self.episodes]
-        lengths = [n for _, n in self.episodes]
-        others = {pid: ([r for r, _ in eps], [n for _, n in eps])
-                  for pid, eps in self.other_episodes.items()}
+        if self.lanes is None:
+            finished, self.episodes = {None: self.episodes}, []
+        else:
+            finished = self.lanes.take_finished()
+        by_policy = {pid: ([r for r, _ in eps], [n for _, n in eps]) for pid, eps in finished.items()}
         self.report_queue.put(Report(ReportKind.EPISODES, self.name,
-                                     (returns, lengths, self.steps_since_report, self.env_restarts,
-                                      others)))
+                                     (by_policy, self.steps_since_report, self.env_restarts)))
         self.env_restarts = 0
-        self.other_episodes.clear()
         self.report_queue.put(Report(ReportKind.TIMING, self.name, self.timer.snapshot()))
-        self.episodes.clear()
         self.steps_since_report = 0
         self.last_report = time.perf_counter()

@@ -223,8 +223,7 @@ class Runner:
         self.queues = Queues(self.cfg, [t.cfg for t in trained])
         self.parts = [PolicyPart(k, t, self.cfg.seed, self.ctl, self.queues.policy[k], len(trained) > 1)
                       for k, t in enumerate(trained)]
-        logger.learner_prefix = {part.learner_name: f"{part.policy_id}/" if part.k else ""
-                                 for part in self.parts}
+        logger.trained({part.learner_name: part.policy_id for part in self.parts})
         # frozen policies of a multi-agent env (run in the rollout workers): id -> (model, weights)
         self.frozen = {pid: (m, SharedWeights(m)) for pid, (_, m) in (frozen or {}).items()}
         self.frozen_specs = {pid: spec for pid, (spec, _) in (frozen or {}).items()}
@@ -338,7 +337,7 @@ class Runner:
 
     def _log(self, force: bool = False) -> None:
         steps = self.ctl.column(Ctl.TRAINED_ENV_STEPS)
-        self.logger.maybe_log(steps[0], force, {p.policy_id: n for p, n in zip(self.parts[1:], steps[1:])})
+        self.logger.maybe_log({part.policy_id: n for part, n in zip(self.parts, steps)}, force)
 
     # --- serial mode: every component in this process, stepped in turn ---------------------
     def _run_serial(self) -> None:

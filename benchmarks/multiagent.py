@@ -121,8 +121,7 @@ def tag(steps: int) -> list:
 
     def record(model):
         for side in curves:
-            window = (model.logger.ep_returns if side == model.policy_id
-                      else [r for r, _ in model.logger.other_episodes.get(side, ())])
+            window = [r for r, _ in model.logger.policy_episodes.get(side, ())]
             curves[side].append((model.trainees[side].num_timesteps, time.perf_counter() - t0,
                                  float(np.mean(window)) if window else float("nan")))
 

@@ -198,7 +198,7 @@ def test_model_plot_keeps_the_whole_run_at_bounded_memory():
     from asyncrl.plotting import curves_figure
     logger = TrainLogger(verbose=0, log_interval=0.0, stats_window=10)
     for step in range(HISTORY_ROWS + 1):
-        logger.maybe_log(step, force=True)
+        logger.maybe_log({"policy": step}, force=True)
     steps = [row["time/total_timesteps"] for row in logger.history]
     assert len(steps) <= HISTORY_ROWS and steps[0] == 0 and steps[-1] == HISTORY_ROWS
     fig = curves_figure({"run": logger.history})

@@ -386,9 +386,13 @@ def test_two_trained_policies_with_their_own_spaces_and_settings_learn_at_once()
         assert small.num_timesteps >= 6_000 and big.num_timesteps >= 6_000
         assert model.num_timesteps == small.num_timesteps  # the first trained policy's
         assert set(model.get_parameters()) == {"small", "small.optimizer", "big", "big.optimizer"}
-        logged = model.logger.last_train_by
+        logged, scalars = model.logger.last_train_by, model.logger.scalars()
+        assert model.logger.last_train is logged["small/"]  # the model's policy's
+        assert model.logger.ep_rew_mean == scalars["rollout/small/ep_rew_mean"]
     assert before < 2.0 and after["small"] > 3.8 and after["big"] > 3.8  # random: 2 and 1
-    assert set(logged) == {"", "big/"} and logged["big/"]["learning_rate"] == 2e-3
+    # several trained policies: each one's stats under its id, none unprefixed
+    assert set(logged) == {"small/", "big/"} and logged["big/"]["learning_rate"] == 2e-3
+    assert {"rollout/big/ep_rew_mean", "time/small/fps", "time/big/fps"} <= set(scalars)
 
 
 @pytest.mark.timeout(60)
