@@ -24,11 +24,10 @@ from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
 from .fileio import PolicyFiles, atomic_torch_save, make_scratch_dir
 from .logger import TrainLogger
-from .models import PolicySpec, build_checked
 from .multiagent import AgentView, play_parallel_episode
 from .parameters import PolicyParameters
 from .runner import Runner
-from .trainee import Trainee, build_trainee, run_defaults
+from .trainee import build_policies, run_defaults
 from .spaces import MASK_KEY
 
 try:
@@ -114,7 +113,7 @@ class APPO:
         probed = probe_env(make_env_factory(env, env_kwargs), policies, policy_mapping)
         self.env_factory = probed.factory
         self.agents, self.policies, self.policy_mapping = probed.agents, policies, policy_mapping
-        trained = dict(probed.trained)  # id -> (spec, overrides), the first logged unprefixed
+        trained = dict(probed.trained)  # id -> (spec, overrides); the first is the model's policy
         self.policy_id = next(iter(trained))
         env_spec, first_overrides = trained[self.policy_id]
         if len(trained) == 1:  # one trained policy: its overrides are the run's settings
@@ -143,24 +142,15 @@ class APPO:
         self._tmpdir = make_scratch_dir()  # a folder per trained policy; removed with the model
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
         files = {pid: PolicyFiles.of(self._tmpdir, k, pid) for k, pid in enumerate(trained)}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            if len(trained) == 1:  # its settings are the run's
-                spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
-                self.trainees: Dict[str, Trainee] = {self.policy_id: Trainee(
-                    self.policy_id, spec, build_checked(spec, cfg), self.settings, files[self.policy_id])}
-            else:  # each with its own settings over the run's
-                run_kwargs = {k: v for k, v in kwargs.items() if k != "lanes_per_env"}
-                self.trainees = {pid: build_trainee(pid, spec, own, run_kwargs, self.settings, lanes[pid],
-                                                    policy, policy_kwargs, defaults, files[pid])
-                                 for pid, (spec, own) in trained.items()}
-            # frozen policies: the first trained one's policy/policy_kwargs unless they name their own
-            first = self.trainees[self.policy_id].spec
-            self.frozen_specs = {pid: PolicySpec(spec, own.get("policy", first.policy),
-                                                 dict(own.get("policy_kwargs", first.policy_kwargs) or {}))
-                                 for pid, (spec, own) in probed.frozen.items()}
-            # (built with the run's config, as the rollout workers build them)
-            self.frozen = {pid: build_checked(spec, cfg) for pid, spec in self.frozen_specs.items()}
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                self.trainees, self.frozen_specs, self.frozen = build_policies(
+                    trained, probed.frozen, self.settings, files, lanes, policy, policy_kwargs,
+                    {k: v for k, v in kwargs.items() if k != "lanes_per_env"}, defaults)
+        except BaseException:
+            self._finalizer()  # a model that fails to build leaves no folder behind
+            raise
         for model in (*self.models().values(), *self.frozen.values()):
             model.eval()
         self._runner: Optional[Runner] = None  # the process graph, kept between calls

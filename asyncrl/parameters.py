@@ -6,19 +6,18 @@ its frozen policies' models and its rule-based policies' ids, and nothing else."
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Optional, Union
+from typing import Any, Callable, Collection, Dict, Optional, Union
 
 import torch
-
-if TYPE_CHECKING:  # a type hint only: no import at run time
-    from .trainee import Trainee
 
 OPTIMIZER_SUFFIX = ".optimizer"  # get_parameters(): {id: weights, id + ".optimizer": Adam's state}
 
 
 class PolicyParameters:
-    def __init__(self, trainees: Dict[str, Trainee], frozen: Dict[str, torch.nn.Module],
+    def __init__(self, trainees: Dict[str, Any], frozen: Dict[str, torch.nn.Module],
                  rule_based: Collection[str] = ()):
+        """``trainees``: {id: ``trainee.Trainee``} (its model, files, counters and ``config``,
+        ``optimizer_state()``, ``replaced()``; not imported: this module needs no more of it)."""
         self.trainees, self.frozen, self.rule_based = trainees, frozen, rule_based
         self.first = next(iter(trainees))  # a bare state_dict's, and a one-policy file's
 

@@ -312,7 +312,7 @@ class RolloutWorker:
         col = int(np.flatnonzero(bad_reward | bad_obs)[0])
         i = col // pool.lanes
         what = f"reward {rewards[col]}" if bad_reward[col] else "observation with NaN/Inf"
-        if self.agents is not None:
+        if self.lanes is not None:
             what += f" for agent {self.lanes.lane_agent(self.groups[group_idx], pool.k, col)!r}"
         env_idx = self.worker_idx * self.cfg.num_envs_per_worker + group_idx * self.cfg.envs_per_group + i
         raise ValueError(f"env {env_idx} ({self.name}, group {group_idx}, env {i}: "

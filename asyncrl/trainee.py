@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -115,6 +115,29 @@ def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict
     own_hparams.update({k: fields[k] for k in MUTABLE_HPARAMS
                         if k in fields and k not in own and k not in run_kwargs})
     return Trainee(pid, spec, build_checked(spec, cfg), run, files, fields, own_hparams)
+
+
+def build_policies(trained: dict, frozen: dict, run: Settings, files: Dict[str, PolicyFiles],
+                   lanes: Dict[str, int], policy: Any, policy_kwargs: Optional[dict], run_kwargs: dict,
+                   defaults: Callable[[dict, bool], dict]) -> tuple:
+    """The model's policies, from ``trained`` and ``frozen`` ({id: (env spec, overrides)}):
+    ({id: Trainee}, {frozen id: PolicySpec}, {frozen id: model}). One trained policy's settings
+    are the run's; several each have theirs over the run's (``build_trainee``). A frozen policy
+    has the first trained one's policy and policy_kwargs unless it names its own, and is built
+    with the run's config, as the rollout workers build it."""
+    if len(trained) == 1:
+        ((pid, (env_spec, _)),) = trained.items()
+        spec = PolicySpec(env_spec, policy, dict(policy_kwargs or {}))
+        trainees = {pid: Trainee(pid, spec, build_checked(spec, run.config), run, files[pid])}
+    else:
+        trainees = {pid: build_trainee(pid, env_spec, own, run_kwargs, run, lanes[pid], policy,
+                                       policy_kwargs, defaults, files[pid])
+                    for pid, (env_spec, own) in trained.items()}
+    first = next(iter(trainees.values())).spec
+    frozen_specs = {pid: PolicySpec(env_spec, own.get("policy", first.policy),
+                                    dict(own.get("policy_kwargs", first.policy_kwargs) or {}))
+                    for pid, (env_spec, own) in frozen.items()}
+    return trainees, frozen_specs, {pid: build_checked(spec, run.config) for pid, spec in frozen_specs.items()}
 
 
 def run_defaults(family: Optional[str], cpu_only: bool,

@@ -1,5 +1,6 @@
 """Config.from_kwargs and APPO(...) reject what asyncrl cannot run, saying what to change."""
 import dataclasses
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -287,3 +288,14 @@ def test_appo_signature_lists_every_config_field_with_its_type_and_default():
     assert "lanes_per_env" not in params
     with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
         APPO("CartPole-v1", learning_rat=1e-3)
+
+
+@pytest.mark.timeout(30)
+def test_a_model_that_fails_to_build_leaves_no_scratch_folder():
+    import glob
+    import tempfile
+    mine = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), f"asyncrl-{os.getpid()}-*")))  # noqa: E731
+    before = mine()
+    with pytest.raises(ConfigError, match="net_arch") as error:  # kept, as a notebook keeps it
+        APPO("CartPole-v1", policy_kwargs={"net_arch": "wide"})  # fails building the model
+    assert mine() == before and error.traceback  # (its frames hold the half-built model)

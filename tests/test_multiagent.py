@@ -395,6 +395,23 @@ def test_two_trained_policies_with_their_own_spaces_and_settings_learn_at_once()
     assert {"rollout/big/ep_rew_mean", "time/small/fps", "time/big/fps"} <= set(scalars)
 
 
+@pytest.mark.timeout(30)
+def test_each_trained_policys_config_is_current_its_own_settings_kept_the_models_followed():
+    """The model's attributes are the run's settings: a trained policy follows them where it has
+    none of its own ("big" has its own learning rate), at once, schedules included."""
+    with APPO(ma_envs.cues, serial_mode=True, **{**FAST, **TWO}) as model:
+        small, big = model.trainees["small"], model.trainees["big"]
+        model.learning_rate = 1e-4
+        model.ent_coef = lambda progress_remaining: 0.02 * progress_remaining
+        assert model.config.learning_rate == small.config.learning_rate == 1e-4
+        assert big.config.learning_rate == 2e-3
+        assert small.config.ent_coef == big.config.ent_coef == 0.02
+        assert big.hparams_at(0.5)["ent_coef"] == 0.01 and big.hparams_at(0.5)["learning_rate"] == 2e-3
+        with pytest.raises(ConfigError, match="learning_rate"):
+            model.learning_rate = -1.0
+        assert small.config.learning_rate == 1e-4 and model.learning_rate == 1e-4
+
+
 @pytest.mark.timeout(60)
 def test_one_trained_policys_parameters_leave_the_other_alone_and_round_trip(tmp_path):
     with APPO(ma_envs.cues, serial_mode=True, **{**FAST, **TWO}) as model:
