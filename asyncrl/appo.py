@@ -180,9 +180,9 @@ class APPO:
 
     @property
     def config(self) -> Config:
-        """The run's config, always current (the first trained policy's: a model of one trained
-        policy has no other). Assigning a whole new config changes fields that need new
-        processes at the next ``train()``."""
+        """The run's config, always current: a one-policy model's policy's; with several trained
+        policies, the one each one's own settings go over (``trainees[id].config``). Assigning
+        a whole new config changes fields that need new processes at the next ``train()``."""
         return self.settings.config
 
     @config.setter
