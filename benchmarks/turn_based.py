@@ -13,7 +13,9 @@ move), the greedy policy plays ``--games`` games from each seat against
   else moves at random;
 
 and the win rates (draws count as not won) are written against agent steps and wall time (start-up
-included). Then the throughput: the raw game's rate (random legal moves, 2 processes) and
+included), with the greedy policy's tactics in those games: the share of its moves that took a
+win there was to take (``took_win``), and of those that blocked the opponent's immediate win
+where it had none of its own (``blocked``). Then the throughput: the raw game's rate (random legal moves, 2 processes) and
 asyncrl's training rate, both in game moves per second.
 
 Writes ``benchmarks/results/connect_four_selfplay.{csv,json,png}``.
@@ -62,23 +64,33 @@ def random_mover(obs: dict, rng: np.random.Generator) -> int:
     return int(rng.choice(np.flatnonzero(obs["action_mask"])))
 
 
+def winning_moves(obs: dict, plane_idx: int) -> list:
+    """The legal columns where a piece of plane ``plane_idx``'s player (0: the mover, 1: the
+    opponent) would make four in a row now."""
+    board, out = obs["observation"], []
+    for col in np.flatnonzero(obs["action_mask"]):
+        r = _drop_row(board, col)
+        plane = board[:, :, plane_idx].copy()
+        plane[r, col] = 1
+        if _wins(plane, r, col):
+            out.append(int(col))
+    return out
+
+
 def lookahead_mover(obs: dict, rng: np.random.Generator) -> int:
     """Wins now if it can, else blocks the opponent's win, else a random legal move (the
     observation's plane 0 is the mover's pieces, plane 1 the opponent's)."""
-    board, legal = obs["observation"], np.flatnonzero(obs["action_mask"])
     for plane_idx in (0, 1):
-        for col in legal:
-            r = _drop_row(board, col)
-            plane = board[:, :, plane_idx].copy()
-            plane[r, col] = 1
-            if _wins(plane, r, col):
-                return int(col)
-    return int(rng.choice(legal))
+        cols = winning_moves(obs, plane_idx)
+        if cols:
+            return cols[0]
+    return int(rng.choice(np.flatnonzero(obs["action_mask"])))
 
 
-def play(model: APPO, opponent, games: int, seat: int, seed: int) -> float:
-    """The greedy policy's win rate over ``games`` games from ``seat`` (0 moves first)."""
-    rng, wins = np.random.default_rng(seed), 0
+def play(model: APPO, opponent, games: int, seat: int, seed: int) -> tuple:
+    """The greedy policy's win rate over ``games`` games from ``seat`` (0 moves first), and its
+    tactics: (wins taken, chances to win; blocks made, blocks needed) in those games."""
+    rng, wins, tactics = np.random.default_rng(seed), 0, np.zeros(4, int)
     env = make_connect_four()
     for g in range(games):
         env.reset(seed=seed + g)
@@ -92,19 +104,30 @@ def play(model: APPO, opponent, games: int, seat: int, seed: int) -> float:
                 continue
             if agent == hero:
                 action = int(model.predict(obs, deterministic=True)[0])
+                win, block = winning_moves(obs, 0), winning_moves(obs, 1)
+                if win:
+                    tactics[:2] += (action in win, 1)
+                elif block:
+                    tactics[2:] += (action in block, 1)
             else:
                 action = opponent(obs, rng)
             env.step(action)
     env.close()
-    return wins / games
+    return wins / games, tactics
 
 
 def evaluate(model: APPO, games: int, seed: int) -> dict:
-    out = {}
+    out, tactics = {}, np.zeros(4, int)
     for name, opponent in (("random", random_mover), ("lookahead", lookahead_mover)):
-        rates = [play(model, opponent, games, seat, seed + 1000 * seat) for seat in (0, 1)]
+        rates = []
+        for seat in (0, 1):
+            rate, seen = play(model, opponent, games, seat, seed + 1000 * seat)
+            rates.append(rate)
+            tactics += seen
         out[f"win_{name}_first"], out[f"win_{name}_second"] = rates
         out[f"win_{name}"] = float(np.mean(rates))
+    out["took_win"] = round(tactics[0] / max(tactics[1], 1), 3)
+    out["blocked"] = round(tactics[2] / max(tactics[3], 1), 3)
     return out
 
 
@@ -181,7 +204,8 @@ def main():
         f.writelines(",".join(str(r[k]) for k in keys) + "\n" for r in rows)
     final = [r for r in rows if r["agent_steps"] == max(q["agent_steps"] for q in rows if q["seed"] == r["seed"])]
     summary = {"args": vars(args), "throughput": tp,
-               "final": {k: [r[k] for r in final] for k in ("win_random", "win_lookahead")}}
+               "final": {k: [r[k] for r in final] for k in ("win_random", "win_lookahead", "took_win",
+                                                             "blocked")}}
     with open(base + ".json", "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps(summary))
