@@ -140,7 +140,7 @@ class APPO:
             if cls is not None and not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
                 raise ConfigError(f"policy={cls!r}: expected an nn.Module class (see asyncrl.models)")
         self._tmpdir = make_scratch_dir()  # a folder per trained policy; removed with the model
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+        self._finalizer = self._removes_scratch()
         files = {pid: PolicyFiles.of(self._tmpdir, k, pid) for k, pid in enumerate(trained)}
         try:
             with torch.random.fork_rng(devices=[]):
@@ -247,8 +247,13 @@ class APPO:
         block removed them: the model stays usable), removed with the model."""
         for t in self.trainees.values():
             os.makedirs(t.files.folder, exist_ok=True)
-        if self._finalizer is None or not self._finalizer.alive:
-            self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+        if not self._finalizer.alive:
+            self._finalizer = self._removes_scratch()
+
+    def _removes_scratch(self) -> weakref.finalize:
+        """Removes the scratch directory when the model is closed by a with block, collected, or
+        at interpreter exit."""
+        return weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
 
     def _progress_hook(self, callback: Callable[["APPO"], Any]) -> Callable[[list], Any]:
         def hook(counters: list):

@@ -83,7 +83,6 @@ def index_obs(obs: Dict[str, torch.Tensor], idx) -> Dict[str, torch.Tensor]:
     return {k: v[idx] for k, v in obs.items()}
 
 
-# A trained policy's scratch files sit beside its Adam state, in its own folder (APPO).
 def keep_freed_memory() -> bool:
     """Have glibc serve blocks up to 32 MiB from the heap and keep freed heap memory, instead of
     mapping each large tensor afresh and unmapping it when freed (its default above 128 KiB,

@@ -88,8 +88,7 @@ def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Opt
     except OSError:  # not Linux: the parent-pid check in the loop still applies
         pass
     if os.getppid() != parent or not psutil.pid_exists(main_pid):  # it died meanwhile
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
+        _remove(dirs)
         os._exit(1)
     torch.set_num_threads(1)
     return parent, dirs
@@ -123,8 +122,12 @@ def _remove_if_orphaned(parent_pid: int, dirs: List[str]) -> None:
     """The main process died (SIGKILL) without removing ``dirs`` (``_orphan_dirs``): its
     components do, on their way out (``parent_pid``: the parent they watch)."""
     if os.getppid() != parent_pid:
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
+        _remove(dirs)
+
+
+def _remove(dirs: List[str]) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _on_parent_death(parent_pid: int, dirs: List[str], signum, frame) -> None:

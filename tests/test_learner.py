@@ -234,8 +234,9 @@ def make_masking_learner(**overrides):
     env = gym.make("CartPole-v1")
     queues = type("Q", (), {"full_slot": None, "free_slot": None, "report": None,
                             "ring_all": lambda: None})
-    learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None, shared_hparams=None,
-                      ctl=SharedControl(), queues=queues, files=PolicyFiles("/nonexistent"))
+    learner = Learner(cfg, None, "cpu", buffers=None, weights=None, optimizer_state=None,
+                      shared_hparams=None, ctl=SharedControl(), queues=queues,
+                      files=PolicyFiles("/nonexistent"))
     learner.model = ActorCritic.from_spaces(env.observation_space, env.action_space, cfg)
     learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=1e-3)
     return learner
