@@ -419,7 +419,7 @@ DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs
                      learning_rate=2.5e-4, adam_eps=1e-6, gamma=0.99, vtrace_lambda=0.95,
                      clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,
                      cnn="doom", use_rnn=True, rnn_type="gru", rnn_size=512, normalize_obs=True,
-                     normalize_returns=True, num_workers=2, num_envs_per_worker=8, target_kl=None)
+                     normalize_returns=True, target_kl=None)
 FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 
 
@@ -433,6 +433,28 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=512,
                            normalize_obs=True, target_kl=None)
+
+
+# With a GPU to learn on, the CPU cores are left to sampling: one rollout worker per core but two
+# (the policy worker's and the learner's processes drive the GPU), and envs per worker (at most
+# the default 8, at least 2, the two groups) so that no more than GPU_BATCHES_IN_FLIGHT batches
+# are sampled at once (fewer workers where even 2 envs each would sample more). Envs beyond what
+# the learner consumes buy policy lag, not frames (Pong on a 16-core H200, docs/guides/atari.md:
+# 14 x 16 envs, 28 batches in flight, ~9,500 env steps/s at lag ~25; 14 x 4, 7 batches, ~10,700
+# at lag 6).
+GPU_BATCHES_IN_FLIGHT = 4
+
+
+def gpu_layout(cores: int, rollout: int, batch_size: int, lanes: int = 1) -> dict:
+    """num_workers and num_envs_per_worker on a machine with ``cores`` CPU cores whose GPU learns
+    (see GPU_BATCHES_IN_FLIGHT); on two cores the Config defaults."""
+    per_env = rollout * lanes
+    budget = GPU_BATCHES_IN_FLIGHT * batch_size  # agent steps sampled at once
+    workers = max(Config.num_workers, min(cores - 2, budget // (2 * per_env)))
+    envs = Config.num_envs_per_worker
+    while envs > 2 and workers * envs * per_env > budget:
+        envs -= 2
+    return dict(num_workers=workers, num_envs_per_worker=envs)
 
 
 def available_cores() -> int:
@@ -452,9 +474,10 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
-    ``num_envs_per_worker``); ``continuous`` actions get CONTINUOUS_DEFAULTS; IMPALA trains one epoch per batch; synchronous PPO's batch is one
-    rollout of every env; a ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is
-    rounded to a multiple of its slot. What the caller sets always wins."""
+    ``num_envs_per_worker``); with a GPU (not ``cpu_only``) and no layout set, ``gpu_layout``
+    for the cores; ``continuous`` actions get CONTINUOUS_DEFAULTS; IMPALA trains one epoch per
+    batch; synchronous PPO's batch is one rollout of every env; a ``multi_agent`` env's batch (or
+    any with ``lanes_per_env`` > 1) is rounded to a multiple of its slot. What the caller sets always wins."""
     atari = family == "atari"
     preset = dict(FAMILY_DEFAULTS.get(family) or (CONTINUOUS_DEFAULTS if continuous else {}))
     if atari and cpu_only and "algo" not in kwargs:
@@ -466,6 +489,12 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     algo = merged.get("algo", "appo")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     get = lambda name: merged.get(name, defaults[name])  # noqa: E731
+    if not cpu_only and "num_workers" not in merged and "num_envs_per_worker" not in merged:
+        counts = [get(n) for n in ("rollout", "batch_size", "lanes_per_env")]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts):
+            layout = gpu_layout(available_cores() if cores is None else cores, *counts)
+            preset.update({k: v for k, v in layout.items() if v != defaults[k]})
+            merged = {**preset, **kwargs}
     counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size",
                                "lanes_per_env")]
     counts_ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts)
