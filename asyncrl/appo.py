@@ -507,13 +507,15 @@ class APPO:
             for pid, entry in (blob.get("trained") or {}).items():
                 if entry.get("fields"):  # several trained: their own values (and what they implied)
                     policies[pid] = {**entry["fields"], **(policies[pid] or {})}
+        # a file saved before small_images existed encoded small images with convolutions
+        saved = {"small_images": "conv", **blob["config"]}
         model = cls(factory,
                     policy=overrides.pop("policy", pickling.restored(blob.get("policy_class"))),
                     policy_kwargs=overrides.pop("policy_kwargs", pickling.restored(blob.get("policy_kwargs"))),
                     policies=policies,
                     policy_mapping=overrides.pop("policy_mapping",
                                                  pickling.restored(blob.get("policy_mapping"))),
-                    **{**blob["config"], "device": device, **overrides})
+                    **{**saved, "device": device, **overrides})
         model._params.restore(blob)
         # graphs started before the save used their seeds: a resumed run draws new env resets
         model._num_graphs = blob.get("num_graphs", 0) + 1

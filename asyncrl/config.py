@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Tuple, TypedDict, Union
 
 ALGOS = ("appo", "impala", "ppo")
 CNNS = ("nature", "doom", "tiny")
+SMALL_IMAGES = ("flat", "conv")
 # Fields a running learner picks up between (and during) train() calls, without a restart; on
 # APPO they are plain attributes (a number, or a schedule: progress_remaining -> number).
 MUTABLE_HPARAMS = ("learning_rate", "gamma", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm",
@@ -111,12 +112,18 @@ class Config:
     activation: str = _f("tanh", 'MLP activation: "tanh" or "relu".')
     cnn: str = _f("nature", 'Encoder of uint8 image obs: "nature" (Mnih et al. 2015: 3 convolutions '
                   '+ 512 units, ReLU), "doom" (Sample Factory\'s convnet_simple: 32 8x8/4, 64 4x4/2, '
-                  '128 3x3/2 + 512 units, ELU; the Doom default); images under 36 x 36, such as '
-                  'MiniGrid\'s 7 x 7, and boards of 0/1 planes (PettingZoo\'s classic games) get two 3 x 3 '
-                  'convolutions + 128 units with either, each channel normalised by running '
-                  'statistics. Or "tiny" '
+                  '128 3x3/2 + 512 units, ELU; the Doom default); images under 36 x 36 get '
+                  'small_images\' encoder, boards of 0/1 planes (PettingZoo\'s classic games) two '
+                  '3 x 3 convolutions + 128 units. Or "tiny" '
                   '(every 8th pixel + 32 units: for throughput tests, where inference and learning '
                   'cost next to nothing).')
+    small_images: str = _f(
+        "flat", 'Encoder of uint8 images under 36 x 36 (MiniGrid\'s 7 x 7 views, more often a grid '
+        'of ids than a camera frame), each channel normalised by running statistics (not divided '
+        'by 255): "flat": the cells flattened into the MLP, as SB3\'s MLP sees such a grid; "conv": '
+        'two 3 x 3 convolutions + 128 units, ~4x the learner\'s work per env step (MiniGrid, '
+        'docs/benchmarks/learning-suite.md: about the same env steps to the target, 2.1x the env '
+        'steps/s with "flat").')
     use_rnn: bool = _f(
         False, "A recurrent core (rnn_type, rnn_size) between the encoders and the heads: memory "
         "for partially observed envs. Hidden states live in the trajectory buffers; the learner "
@@ -276,6 +283,7 @@ class Config:
         check(self.rnn_type in ("gru", "lstm"), "rnn_type", 'must be "gru" or "lstm"')
         check(is_int(self.rnn_size) and self.rnn_size >= 1, "rnn_size", "must be an integer >= 1")
         check(self.cnn in CNNS, "cnn", f"must be one of {CNNS}")
+        check(self.small_images in SMALL_IMAGES, "small_images", f"must be one of {SMALL_IMAGES}")
         check(self.on_env_error in ("restart", "abort"), "on_env_error", 'must be "restart" or "abort"')
         check(self.tensorboard_log is None or isinstance(self.tensorboard_log, str),
               "tensorboard_log", "must be a directory path or None")
@@ -363,6 +371,7 @@ class ConfigKwargs(TypedDict, total=False):
     hidden_sizes: Tuple[int, ...]
     activation: str
     cnn: str
+    small_images: str
     use_rnn: bool
     centralized_critic: bool
     rnn_type: str

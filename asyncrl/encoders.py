@@ -14,9 +14,9 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .spaces import EnvSpec, channel_last, is_grid, is_image, scaled_uint8
+from .spaces import EnvSpec, channel_last, is_board, is_grid, is_image, scaled_uint8
 
-NATURE_MIN_SIZE = 36  # the convolution stacks' smallest input; smaller images get SmallCNN
+NATURE_MIN_SIZE = 36  # the convolution stacks' smallest input; smaller images: Config.small_images
 NORM_CLIP = 10.0      # normalised observations are clipped to +-this (CleanRL's continuous PPO)
 
 
@@ -111,28 +111,54 @@ class ConvEncoder(nn.Module):
         return self.fc(self.convs(x))
 
 
-class SmallCNN(nn.Module):
-    """For small images (MiniGrid's 7 x 7 views): two 3 x 3 same-padding convolutions, so any
-    size fits, then a 128-unit layer. Its input is normalised per channel by running statistics
-    (``update_stats``, once per learner batch), not divided by 255: an image this small is more
-    often a grid of symbols than a camera frame (MiniGrid's cells hold object, colour and state
-    ids 0..10 in a uint8 Box declared 0..255, which /255 would shrink to 0..0.04)."""
+class SmallGrid(nn.Module):
+    """Base of the encoders of small images (MiniGrid's 7 x 7 views) and boards: the input is
+    normalised per channel by running statistics (``update_stats``, once per learner batch), not
+    divided by 255: an image this small is more often a grid of symbols than a camera frame
+    (MiniGrid's cells hold object, colour and state ids 0..10 in a uint8 Box declared 0..255,
+    which /255 would shrink to 0..0.04)."""
 
-    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool):
         super().__init__()
-        self.hwc, (c, h, w) = hwc, chw
+        self.hwc, c = hwc, chw[0]
         self.norm = RunningNorm((c, 1, 1))  # per channel, broadcast over [N, C, H, W]
-        self.convs = nn.Sequential(
-            init_layer(nn.Conv2d(c, 16, 3, padding=1), ortho=ortho), nn.ReLU(),
-            init_layer(nn.Conv2d(16, 32, 3, padding=1), ortho=ortho), nn.ReLU(), nn.Flatten())
-        self.out_size = 128
-        self.fc = nn.Sequential(init_layer(nn.Linear(32 * h * w, self.out_size), ortho=ortho), nn.ReLU())
 
     def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """uint8 [N, H, W, C] or [N, C, H, W] -> float [N, C, H, W], values kept."""
         if self.hwc:
             obs = obs.permute(0, 3, 1, 2)
         return obs.float().contiguous()
+
+    @torch.no_grad()
+    def update_stats(self, x: torch.Tensor) -> None:
+        """Fold ``scale``'s output [N, C, H, W] into the per-channel statistics (every pixel a
+        sample)."""
+        self.norm.update(x.permute(0, 2, 3, 1).reshape(-1, *self.norm.mean.shape))
+
+
+class SmallFlat(SmallGrid):
+    """``small_images="flat"``: the normalised cells, flattened; the model's MLP follows."""
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool):
+        super().__init__(chw, hwc)
+        self.out_size = int(np.prod(chw))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x).flatten(1)
+
+
+class SmallCNN(SmallGrid):
+    """Boards, and small images with ``small_images="conv"``: two 3 x 3 same-padding
+    convolutions, so any size fits, then a 128-unit layer."""
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True):
+        super().__init__(chw, hwc)
+        c, h, w = chw
+        self.convs = nn.Sequential(
+            init_layer(nn.Conv2d(c, 16, 3, padding=1), ortho=ortho), nn.ReLU(),
+            init_layer(nn.Conv2d(16, 32, 3, padding=1), ortho=ortho), nn.ReLU(), nn.Flatten())
+        self.out_size = 128
+        self.fc = nn.Sequential(init_layer(nn.Linear(32 * h * w, self.out_size), ortho=ortho), nn.ReLU())
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """A state_dict saved before the input statistics existed (such encoders divided by 255)
@@ -143,12 +169,6 @@ class SmallCNN(nn.Module):
             state_dict[prefix + "norm.var"] = torch.full_like(self.norm.var, 255.0 ** 2)
             state_dict[prefix + "norm.count"] = torch.tensor(1e12)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    @torch.no_grad()
-    def update_stats(self, x: torch.Tensor) -> None:
-        """Fold ``scale``'s output [N, C, H, W] into the per-channel statistics (every pixel a
-        sample)."""
-        self.norm.update(x.permute(0, 2, 3, 1).reshape(-1, *self.norm.mean.shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.convs(self.norm(x)))
@@ -181,13 +201,16 @@ class TinyEncoder(nn.Module):
         return self.fc(x)
 
 
-def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool) -> nn.Module:
+def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool, small_images: str = "flat") -> nn.Module:
+    """The encoder of an image or board leaf (``Config.cnn``, ``Config.small_images``)."""
     hwc = channel_last(space)
     chw = (space.shape[2], space.shape[0], space.shape[1]) if hwc else tuple(space.shape)
     if cnn == "tiny":
         return TinyEncoder(chw, hwc, ortho)
     if min(chw[1:]) < NATURE_MIN_SIZE:
-        return SmallCNN(chw, hwc, ortho)
+        if is_board(space) or small_images == "conv":
+            return SmallCNN(chw, hwc, ortho)
+        return SmallFlat(chw, hwc)
     return ConvEncoder(chw, hwc, ortho, cnn)
 
 

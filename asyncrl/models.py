@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (RunningNorm, init_layer, image_encoder, mlp, normalized_keys, flat_width,
+from .encoders import (RunningNorm, SmallFlat, init_layer, image_encoder, mlp, normalized_keys, flat_width,
                        preprocess_leaf, sb3_space)
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
 
@@ -106,8 +106,10 @@ class ActorCritic(nn.Module):
         if cfg.use_rnn:
             self.core = RecurrentCore(cfg.rnn_type, features, cfg.rnn_size)
             features = self.core.out_size
-        images_only = all(is_grid(s) for s in self.spaces) and "features_extractor_class" not in kw
-        pi_arch, vf_arch = parse_net_arch(kw.get("net_arch", [] if images_only else list(cfg.hidden_sizes)))
+        # encoders that end in a hidden layer of their own (convolutions) need no MLP after them
+        encoded = isinstance(self.encoders, nn.ModuleList) and all(
+            is_grid(s) and not isinstance(e, SmallFlat) for s, e in zip(self.spaces, self.encoders))
+        pi_arch, vf_arch = parse_net_arch(kw.get("net_arch", [] if encoded else list(cfg.hidden_sizes)))
         vf_in = env.global_state_size if self.centralized else features
         self.pi_net, self.vf_net = mlp(features, pi_arch, act, ortho), mlp(vf_in, vf_arch, act, ortho)
         self.action_head = init_layer(nn.Linear(pi_arch[-1] if pi_arch else features, self.dist.param_size),
@@ -126,7 +128,7 @@ class ActorCritic(nn.Module):
         cls = kw.get("features_extractor_class")
         if cls is not None:
             return cls(sb3_observation_space(env), **kw.get("features_extractor_kwargs", {}))
-        return nn.ModuleList([image_encoder(s, cfg.cnn, ortho) if is_grid(s) else nn.Flatten()
+        return nn.ModuleList([image_encoder(s, cfg.cnn, ortho, cfg.small_images) if is_grid(s) else nn.Flatten()
                               for s in self.spaces])
 
     def _features_dim(self, encoders: nn.Module) -> int:

@@ -3,7 +3,8 @@ a score.
 
     python benchmarks/learning_suite.py --quick                 # a few envs, minutes each
     python benchmarks/learning_suite.py --envs cartpole,taxi --seeds 0,1,2
-    python benchmarks/learning_suite.py --report                # table + PNG from stored runs
+    python benchmarks/learning_suite.py --quick --report        # table + PNG from stored runs
+                                              # (a whole set's run writes them; a subset does not)
     asyncrl benchmark learn ...                                 # the same
 
 Per env of ``CASES`` and seed, ``APPO(env, seed=s, device="cpu")`` with nothing else set (2
@@ -352,6 +353,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     runs = [r for r in load_runs(labels) if r["env"] in names or args.report]
     table = summarise(runs, labels)
     print(table)
+    whole = not args.envs and not args.variant and args.steps_scale == 1.0
+    if not (args.report or whole):  # a subset, a variant or scaled budgets: not the docs' table
+        print("stored; `--report` (with --quick for the quick budgets) writes the table and plot")
+        return
     with open(os.path.join(HERE, "results", "learning_suite.md"), "w") as f:
         f.write(table + "\n")
     plot(runs, os.path.join(HERE, "results", "learning_suite.png"))

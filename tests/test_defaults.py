@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asyncrl.config import CONTINUOUS_DEFAULTS, Config, with_defaults
-from asyncrl.encoders import SmallCNN, image_encoder
+from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,9 +53,10 @@ def grid_space():
     return gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)
 
 
-def test_a_small_uint8_grid_is_normalised_per_channel_not_divided_by_255():
-    enc = image_encoder(grid_space(), "nature", ortho=True)
-    assert isinstance(enc, SmallCNN)
+@pytest.mark.parametrize("small_images", ["flat", "conv"])
+def test_a_small_uint8_grid_is_normalised_per_channel_not_divided_by_255(small_images):
+    enc = image_encoder(grid_space(), "nature", ortho=True, small_images=small_images)
+    assert isinstance(enc, SmallFlat if small_images == "flat" else SmallCNN)
     rng = np.random.default_rng(0)
     ids = np.stack([rng.integers(1, 11, (64, 7, 7)), rng.integers(0, 6, (64, 7, 7)),
                     rng.integers(0, 3, (64, 7, 7))], -1).astype(np.uint8)
@@ -64,10 +65,24 @@ def test_a_small_uint8_grid_is_normalised_per_channel_not_divided_by_255():
     enc.update_stats(x)
     expected_mean = ids.reshape(-1, 3).mean(0)
     assert np.allclose(enc.norm.mean.flatten().numpy(), expected_mean, atol=1e-4)
-    first = enc.convs[0]
     normalised = (x - enc.norm.mean.view(1, 3, 1, 1)) / enc.norm.std().view(1, 3, 1, 1)
     assert abs(float(normalised.mean())) < 1e-4 and abs(float(normalised.std()) - 1) < 0.05
-    assert first(normalised).shape == (64, 16, 7, 7)
+    if small_images == "conv":
+        assert enc.convs[0](normalised).shape == (64, 16, 7, 7)
+    else:  # the normalised cells themselves, for the MLP
+        assert enc.out_size == 147 and torch.allclose(enc(x), normalised.flatten(1), atol=1e-5)
+
+
+@pytest.mark.parametrize("obs_space", [grid_space(), gym.spaces.Dict(
+    {"image": grid_space(), "direction": gym.spaces.Discrete(4)})], ids=["image", "dict"])
+def test_a_flattened_small_image_goes_through_the_mlp(obs_space):
+    """The default small-image encoder has no hidden layer of its own: the model's MLP follows it,
+    also where the image is the only observation (a convolutional encoder's output goes to the
+    heads directly)."""
+    model = ActorCritic.from_spaces(obs_space, gym.spaces.Discrete(3))
+    assert [m.out_features for m in model.pi_net if isinstance(m, torch.nn.Linear)] == [64, 64]
+    conv = ActorCritic.from_spaces(grid_space(), gym.spaces.Discrete(3), Config(small_images="conv"))
+    assert isinstance(conv.encoders[0], SmallCNN) and len(conv.pi_net) == 0
 
 
 def test_a_models_small_image_statistics_move_with_the_learner_batches():
@@ -84,9 +99,9 @@ def test_a_models_small_image_statistics_move_with_the_learner_batches():
 
 def test_a_small_image_state_dict_saved_before_the_statistics_loads_as_it_was_trained():
     """Saved when this encoder divided by 255: it loads (no missing keys) and sees the same input."""
-    enc = image_encoder(grid_space(), "nature", ortho=True)
+    enc = image_encoder(grid_space(), "nature", ortho=True, small_images="conv")
     old = {k: v for k, v in enc.state_dict().items() if not k.startswith("norm.")}
-    fresh = image_encoder(grid_space(), "nature", ortho=True)
+    fresh = image_encoder(grid_space(), "nature", ortho=True, small_images="conv")
     fresh.load_state_dict(old)
     x = enc.scale(torch.randint(0, 11, (4, 7, 7, 3), dtype=torch.uint8))
     assert torch.allclose(fresh(x), enc.fc(enc.convs(x / 255.0)), atol=1e-5)

@@ -620,6 +620,24 @@ def test_small_images_train_with_the_tiny_cnn_too():
         assert model.action_space.contains(action)
 
 
+@pytest.mark.timeout(60)
+def test_a_file_saved_before_small_images_existed_loads_with_its_convolutions(tmp_path):
+    """Small images were encoded with convolutions before ``small_images`` (default "flat")."""
+    from asyncrl.encoders import SmallCNN
+    with APPO(custom_envs.small_image_env, small_images="conv", **SERIAL, batch_size=32,
+              minibatch_size=32) as model:
+        model.train(64)
+        model.save(tmp_path / "m.pt")
+        obs = [model.observation_space.sample() for _ in range(8)]
+        expected = [int(model.predict(o, deterministic=True)[0]) for o in obs]
+    blob = torch.load(tmp_path / "m.pt", weights_only=False)
+    del blob["config"]["small_images"]
+    torch.save(blob, tmp_path / "old.pt")
+    with APPO.load(tmp_path / "old.pt", device="cpu") as loaded:
+        assert loaded.config.small_images == "conv" and isinstance(loaded.policy.encoders[0], SmallCNN)
+        assert [int(loaded.predict(o, deterministic=True)[0]) for o in obs] == expected
+
+
 def test_uint8_observations_that_are_not_images_are_scaled():
     """A 2-D uint8 observation reached the MLP unscaled (0..255)."""
     space = gym.spaces.Box(0, 255, (5, 6), np.uint8)
