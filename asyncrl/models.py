@@ -113,7 +113,7 @@ class ActorCritic(nn.Module):
         vf_in = env.global_state_size if self.centralized else features
         self.pi_net, self.vf_net = mlp(features, pi_arch, act, ortho), mlp(vf_in, vf_arch, act, ortho)
         self.action_head = init_layer(nn.Linear(pi_arch[-1] if pi_arch else features, self.dist.param_size),
-                                  0.01, ortho)
+                                  cfg.policy_head_gain, ortho)
         self.value_head = init_layer(nn.Linear(vf_arch[-1] if vf_arch else vf_in, 1), 1.0, ortho)
         self.act_fn = act
 

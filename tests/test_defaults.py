@@ -141,3 +141,14 @@ def test_with_a_gpu_the_layout_follows_the_cores_and_keeps_few_batches_in_flight
     # the caller's layout, and a CPU-only run, are left alone
     assert with_defaults({"num_envs_per_worker": 4}, cpu_only=False, cores=16) == {"num_envs_per_worker": 4}
     assert with_defaults({}, cpu_only=True, cores=16) == {}
+
+
+def test_the_policy_heads_initial_gain_is_a_setting():
+    """0.01 by default (a nearly uniform first policy); Sample Factory's 1 where one gradient
+    step a batch must move the policy (Doom)."""
+    space, actions = gym.spaces.Box(-1, 1, (8,), np.float32), gym.spaces.Discrete(4)
+    for gain in (0.01, 1.0):
+        model = ActorCritic.from_spaces(space, actions, Config(policy_head_gain=gain))
+        rows = model.action_head.weight.norm(dim=1)  # orthogonal rows, each of norm gain
+        assert torch.allclose(rows, torch.full_like(rows, gain), rtol=1e-4)
+    assert Config().policy_head_gain == 0.01
