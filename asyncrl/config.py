@@ -434,9 +434,9 @@ ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 # V-trace's) and its initial gain of 1 for the policy head. Its optimisation (one epoch of one
 # minibatch at lr 1e-4) did not learn VizdoomBasic-v1 in 1M frames with the head at gain 0.01
 # (return -150, as random play; Sample Factory +80): so small a head passes little policy gradient
-# to the shared CNN and GRU. At gain 1 it does (+64 at 1M frames), and the Atari optimisation
-# (4 epochs of minibatches of 256, lr 2.5e-4) reaches +80 by ~240k frames (~500k at gain 0.01);
-# docs/guides/vizdoom.md.
+# to the shared CNN and GRU. At gain 1 it does (+64 at 1M frames). The Atari optimisation (4
+# epochs of minibatches of 256, lr 2.5e-4), kept, reached +80 at 242k and 524k frames in two runs
+# at gain 1 (+72 at 250k at 0.01, one run); docs/guides/vizdoom.md.
 DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs=4,
                      learning_rate=2.5e-4, adam_eps=1e-6, gamma=0.99, vtrace_lambda=0.95,
                      clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,
@@ -499,7 +499,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     ``num_envs_per_worker``); with a GPU (not ``cpu_only``) and no layout set, ``gpu_layout``
     for the cores; ``continuous`` actions get CONTINUOUS_DEFAULTS; IMPALA trains one epoch per
     batch; synchronous PPO's batch is one rollout of every env; a ``multi_agent`` env's batch (or
-    any with ``lanes_per_env`` > 1) is rounded to a multiple of its slot. What the caller sets always wins."""
+    any with ``lanes_per_env`` > 1) is rounded to a multiple of its slot. What the caller sets
+    always wins."""
     atari = family == "atari"
     preset = dict(FAMILY_DEFAULTS.get(family) or (CONTINUOUS_DEFAULTS if continuous else {}))
     if atari and cpu_only and "algo" not in kwargs:

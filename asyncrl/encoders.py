@@ -201,7 +201,8 @@ class TinyEncoder(nn.Module):
         return self.fc(x)
 
 
-def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool, small_images: str = "flat") -> nn.Module:
+def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool,
+                  small_images: str = "flat") -> nn.Module:
     """The encoder of an image or board leaf (``Config.cnn``, ``Config.small_images``)."""
     hwc = channel_last(space)
     chw = (space.shape[2], space.shape[0], space.shape[1]) if hwc else tuple(space.shape)

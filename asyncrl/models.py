@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (RunningNorm, SmallFlat, init_layer, image_encoder, mlp, normalized_keys, flat_width,
-                       preprocess_leaf, sb3_space)
+from .encoders import (RunningNorm, SmallFlat, init_layer, image_encoder, mlp, normalized_keys,
+                       flat_width, preprocess_leaf, sb3_space)
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
 
 POLICY_KWARGS = ("net_arch", "activation_fn", "features_extractor_class", "features_extractor_kwargs",
@@ -128,8 +128,8 @@ class ActorCritic(nn.Module):
         cls = kw.get("features_extractor_class")
         if cls is not None:
             return cls(sb3_observation_space(env), **kw.get("features_extractor_kwargs", {}))
-        return nn.ModuleList([image_encoder(s, cfg.cnn, ortho, cfg.small_images) if is_grid(s) else nn.Flatten()
-                              for s in self.spaces])
+        return nn.ModuleList([image_encoder(s, cfg.cnn, ortho, cfg.small_images) if is_grid(s)
+                              else nn.Flatten() for s in self.spaces])
 
     def _features_dim(self, encoders: nn.Module) -> int:
         if isinstance(encoders, nn.ModuleList):

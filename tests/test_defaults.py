@@ -129,7 +129,7 @@ def test_with_a_gpu_the_layout_follows_the_cores_and_keeps_few_batches_in_flight
     assert with_defaults({}, cpu_only=False, cores=2) == {}
     assert gpu_layout(2, 128, 1024) == dict(num_workers=2, num_envs_per_worker=8)
     # 16 cores: a rollout worker on every core but the policy worker's and the learner's
-    assert with_defaults({}, cpu_only=False, cores=16) == dict(num_workers=14)  # CartPole: 3.5 batches
+    assert with_defaults({}, cpu_only=False, cores=16) == dict(num_workers=14)  # 3.5 batches
     pong = Config.from_kwargs(with_defaults({}, family="atari", cpu_only=False, cores=16))
     assert (pong.num_workers, pong.num_envs_per_worker, pong.batch_size) == (14, 2, 1024)
     # many cores: fewer workers rather than more than GPU_BATCHES_IN_FLIGHT batches sampled at once
@@ -139,7 +139,8 @@ def test_with_a_gpu_the_layout_follows_the_cores_and_keeps_few_batches_in_flight
         assert in_flight <= GPU_BATCHES_IN_FLIGHT * 1024 and layout["num_envs_per_worker"] >= 2
     assert gpu_layout(64, 128, 1024) == dict(num_workers=16, num_envs_per_worker=2)
     # the caller's layout, and a CPU-only run, are left alone
-    assert with_defaults({"num_envs_per_worker": 4}, cpu_only=False, cores=16) == {"num_envs_per_worker": 4}
+    mine = {"num_envs_per_worker": 4}
+    assert with_defaults(mine, cpu_only=False, cores=16) == mine
     assert with_defaults({}, cpu_only=True, cores=16) == {}
 
 
