@@ -488,6 +488,10 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _positive_ints(values: list) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
 def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = False,
                   cores: Optional[int] = None, continuous: bool = False,
                   multi_agent: bool = False) -> dict:
@@ -502,11 +506,11 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     any with ``lanes_per_env`` > 1) is rounded to a multiple of its slot. What the caller sets
     always wins."""
     atari = family == "atari"
+    cores = available_cores() if cores is None else cores
     preset = dict(FAMILY_DEFAULTS.get(family) or (CONTINUOUS_DEFAULTS if continuous else {}))
     if atari and cpu_only and "algo" not in kwargs:
         preset.update(ATARI_CPU_DEFAULTS)
-        if ("num_workers" not in kwargs and "num_envs_per_worker" not in kwargs
-                and (available_cores() if cores is None else cores) <= 2):
+        if "num_workers" not in kwargs and "num_envs_per_worker" not in kwargs and cores <= 2:
             preset.update(ATARI_CPU_FEW_CORES_LAYOUT)
     merged = {**preset, **kwargs}
     algo = merged.get("algo", "appo")
@@ -514,13 +518,13 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     get = lambda name: merged.get(name, defaults[name])  # noqa: E731
     if not cpu_only and "num_workers" not in merged and "num_envs_per_worker" not in merged:
         counts = [get(n) for n in ("rollout", "batch_size", "lanes_per_env")]
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts):
-            layout = gpu_layout(available_cores() if cores is None else cores, *counts)
+        if _positive_ints(counts):
+            layout = gpu_layout(cores, *counts)
             preset.update({k: v for k, v in layout.items() if v != defaults[k]})
             merged = {**preset, **kwargs}
     counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size",
                                "lanes_per_env")]
-    counts_ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in counts)
+    counts_ok = _positive_ints(counts)
     implied = {}
     slot = counts[2] * max(1, counts[1] // 2) * counts[4] if counts_ok else 0
     if (atari or multi_agent or counts[4] != 1) and counts_ok:  # bad counts: left to validation

@@ -139,6 +139,8 @@ class SmallGrid(nn.Module):
 class SmallFlat(SmallGrid):
     """``small_images="flat"``: the normalised cells, flattened; the model's MLP follows."""
 
+    learns_features = False  # its output is its input: the model must put its MLP after it
+
     def __init__(self, chw: Tuple[int, int, int], hwc: bool):
         super().__init__(chw, hwc)
         self.out_size = int(np.prod(chw))
@@ -201,8 +203,7 @@ class TinyEncoder(nn.Module):
         return self.fc(x)
 
 
-def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool,
-                  small_images: str = "flat") -> nn.Module:
+def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool, small_images: str) -> nn.Module:
     """The encoder of an image or board leaf (``Config.cnn``, ``Config.small_images``)."""
     hwc = channel_last(space)
     chw = (space.shape[2], space.shape[0], space.shape[1]) if hwc else tuple(space.shape)

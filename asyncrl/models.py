@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (RunningNorm, SmallFlat, init_layer, image_encoder, mlp, normalized_keys,
-                       flat_width, preprocess_leaf, sb3_space)
+from .encoders import (RunningNorm, init_layer, image_encoder, mlp, normalized_keys, flat_width,
+                       preprocess_leaf, sb3_space)
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
 
 POLICY_KWARGS = ("net_arch", "activation_fn", "features_extractor_class", "features_extractor_kwargs",
@@ -106,9 +106,11 @@ class ActorCritic(nn.Module):
         if cfg.use_rnn:
             self.core = RecurrentCore(cfg.rnn_type, features, cfg.rnn_size)
             features = self.core.out_size
-        # encoders that end in a hidden layer of their own (convolutions) need no MLP after them
+        # image encoders end in a hidden layer of their own (unless learns_features is False, as
+        # SmallFlat's): no MLP after them
         encoded = isinstance(self.encoders, nn.ModuleList) and all(
-            is_grid(s) and not isinstance(e, SmallFlat) for s, e in zip(self.spaces, self.encoders))
+            is_grid(s) and getattr(e, "learns_features", True)
+            for s, e in zip(self.spaces, self.encoders))
         pi_arch, vf_arch = parse_net_arch(kw.get("net_arch", [] if encoded else list(cfg.hidden_sizes)))
         vf_in = env.global_state_size if self.centralized else features
         self.pi_net, self.vf_net = mlp(features, pi_arch, act, ortho), mlp(vf_in, vf_arch, act, ortho)

@@ -15,8 +15,8 @@ move), the greedy policy plays ``--games`` games from each seat against
 and the win rates (draws count as not won) are written against agent steps and wall time (start-up
 included), with the greedy policy's tactics in those games: the share of its moves that took a
 win there was to take (``took_win``), and of those that blocked the opponent's immediate win
-where it had none of its own (``blocked``). Then the throughput: the raw game's rate (random legal moves, 2 processes) and
-asyncrl's training rate, both in game moves per second.
+where it had none of its own (``blocked``). Then the throughput: the raw game's rate (random
+legal moves, 2 processes) and asyncrl's training rate, both in game moves per second.
 
 Writes ``benchmarks/results/connect_four_selfplay.{csv,json,png}``.
 """
