@@ -116,6 +116,43 @@ def make_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
         return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
 
 
+class FlatGrads:
+    """The trained parameters' gradients as views of one flat buffer per dtype and device, which
+    backward accumulates into: zeroing and clipping them take one operation each instead of a
+    few per parameter (~10% of a 64 x 64 MLP's minibatch step on a CPU)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        groups: Dict[tuple, list] = {}
+        for p in self.params:
+            groups.setdefault((p.dtype, p.device), []).append(p)
+        self.flats, views = [], {}
+        for (dtype, device), ps in groups.items():
+            flat = torch.zeros(sum(p.numel() for p in ps), dtype=dtype, device=device)
+            self.flats.append(flat)
+            for p, v in zip(ps, flat.split([p.numel() for p in ps])):
+                views[p] = v.view_as(p)
+        self.views = [views[p] for p in self.params]
+
+    def zero(self) -> None:
+        """Zero the gradients and (re)bind them to the buffer: backward adds into it in place."""
+        for flat in self.flats:
+            flat.zero_()
+        for p, v in zip(self.params, self.views):
+            p.grad = v
+
+    def clip(self, max_norm: float) -> torch.Tensor:
+        """Scale the gradients to a global L2 norm of at most ``max_norm`` (as
+        ``nn.utils.clip_grad_norm_``); returns the norm before clipping."""
+        norms = [torch.linalg.vector_norm(flat) for flat in self.flats]
+        norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for flat in self.flats:
+            flat.mul_(scale)
+        return norm
+
+
 class Learner:
     def __init__(self, cfg: Config, policy_spec: PolicySpec, device: str, buffers: TrajectoryBuffers,
                  weights: SharedWeights, optimizer_state: SharedOptimizerState,
@@ -146,8 +183,16 @@ class Learner:
         self.reclaim_seen = -1        # the first step audits the slots (a replaced learner's)
         self.finished = False
         self.optimizer = None
+        self._grads: Optional[FlatGrads] = None
         self.nonfinite_in_a_row = 0
         self.prepared_cache: dict = {}  # float frames of the batch, reused
+
+    @property
+    def grads(self) -> FlatGrads:
+        """The model's gradient buffer, made for whichever model the learner holds."""
+        if self._grads is None or self._grads.model is not self.model:
+            self._grads = FlatGrads(self.model)
+        return self._grads
 
     def init(self) -> None:
         cfg = self.cfg
@@ -497,7 +542,8 @@ class Learner:
         cfg = self.cfg
         n = advantages.shape[0]
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
-        weight = keep.float()
+        # Where every sample counts (the rule on a fast enough learner), plain means: no mask.
+        weight = None if bool(keep.all()) else keep.float()
         pg_weight = weight if moves is keep else moves.float()
 
         def minibatches():
@@ -516,8 +562,10 @@ class Learner:
                 return None
             out = self._minibatch_step(index_obs(obs, mb), actions[mb],
                                        None if mask is None else mask[mb], ratio_ref[mb],
-                                       advantages[mb], old_values[mb], returns[mb], weight[mb],
-                                       pg_weight[mb], clip_coef, rec, start_log_probs[mb], evaluated)
+                                       advantages[mb], old_values[mb], returns[mb],
+                                       None if weight is None else weight[mb],
+                                       None if pg_weight is None else pg_weight[mb],
+                                       clip_coef, rec, start_log_probs[mb], evaluated)
             if out is STOP:
                 stopped_early = 1
                 break
@@ -538,12 +586,16 @@ class Learner:
         STOP, without a step, when ``cfg.target_kl`` is set and the policy has moved by more
         than 1.5 x it from ``start_log_probs`` (the update's starting policy) on these samples.
         ``weight``: 1 for samples trained on, 0 for masked ones; ``pg_weight``: the same for the
-        policy's terms."""
+        policy's terms; None: all samples."""
         cfg = self.cfg
-        if cfg.normalize_advantages and (n := pg_weight.sum()) > 1:
-            mean = masked_mean(advantages, pg_weight)
-            std = masked_mean((advantages - mean) ** 2, pg_weight).mul(n / (n - 1)).sqrt()
-            advantages = (advantages - mean) / (std + 1e-8)
+        if cfg.normalize_advantages:
+            if pg_weight is None:
+                if advantages.numel() > 1:
+                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            elif (n := pg_weight.sum()) > 1:
+                mean = masked_mean(advantages, pg_weight)
+                std = masked_mean((advantages - mean) ** 2, pg_weight).mul(n / (n - 1)).sqrt()
+                advantages = (advantages - mean) / (std + 1e-8)
         if evaluated is None:
             new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)
             new_values = self.model.normalize_values(new_values)
@@ -558,11 +610,11 @@ class Learner:
                        old_values, returns, entropy, clip_coef=clip_coef,
                        vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
                        mask=weight, pg_mask=pg_weight)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.grads.zero()
         out.loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        grad_norm = self.grads.clip(cfg.max_grad_norm)
         if not bool(torch.isfinite(grad_norm) & torch.isfinite(out.loss)):
-            self.optimizer.zero_grad(set_to_none=True)
+            self.grads.zero()
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= cfg.max_nonfinite_updates:
                 raise FloatingPointError(

@@ -296,3 +296,55 @@ def test_target_kl_ends_the_update_once_the_policy_moved_too_far(target_kl):
         assert steps == 4 * 3 and stats["stopped_early"] == 0
     else:
         assert steps == 1 and stats["stopped_early"] == 1
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 1e3])
+def test_flat_gradients_zero_and_clip_as_torch_does(max_norm):
+    """The learner's gradients live in one flat buffer: backward adds into it, zeroing clears the
+    last step's, clipping scales them as nn.utils.clip_grad_norm_ does (clipping or not)."""
+    import copy
+    from asyncrl.learner import FlatGrads
+    model = make_learner().model
+    model.extra = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))  # a second dtype group
+    reference = copy.deepcopy(model)
+    grads = FlatGrads(model)
+
+    def loss(m, seed):
+        torch.manual_seed(seed)
+        params, values = m({"obs": torch.randn(7, 4)})
+        return params.pow(2).sum() + values.sum() + m.extra.pow(3).sum()
+    for seed in (0, 1):  # the second step must not keep the first's gradients
+        grads.zero()
+        loss(model, seed).backward()
+        norm = grads.clip(max_norm)
+        reference.zero_grad(set_to_none=True)
+        loss(reference, seed).backward()
+        expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+        assert float(norm) == pytest.approx(float(expected), rel=1e-5)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-8)
+    assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(grads.params, grads.views))
+
+
+def test_whole_batches_train_without_a_mask_and_normalised_advantages(monkeypatch):
+    """A batch of only valid samples trains on plain means (no mask), its minibatch's advantages
+    normalised to mean 0 and std 1."""
+    import asyncrl.learner as learner_module
+    learner = make_masking_learner(num_epochs=1, batch_size=32, minibatch_size=16, rollout=8,
+                                   num_envs_per_worker=8, num_workers=1)
+    learner.version = 5
+    batch = batch_with_restarted_samples()
+    batch.policy_versions.fill_(5)
+    seen = []
+    real_loss = learner_module.ppo_loss
+
+    def spy(*args, **kwargs):
+        seen.append((args[2].detach().clone(), kwargs["mask"], kwargs["pg_mask"]))
+        return real_loss(*args, **kwargs)
+    monkeypatch.setattr(learner_module, "ppo_loss", spy)
+    stats = learner.train_on(batch)
+    assert stats["masked_fraction"] == 0 and len(seen) == 2
+    for advantages, mask, pg_mask in seen:
+        assert mask is None and pg_mask is None
+        assert advantages.mean().abs() < 1e-5 and advantages.std().item() == pytest.approx(1.0, abs=1e-4)
+
