@@ -39,6 +39,19 @@ def raw_env_rate(env, processes: int, seconds: float = 5.0, env_kwargs: dict = N
     return sum(rates)
 
 
+def parse_variant(text: str) -> dict:
+    """A --variant: "field=value,field=value" -> {field: value} (values as Python literals where
+    they are); ValueError naming the part that is not field=value."""
+    from asyncrl.flags import parse_value
+    out = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, eq, value = part.partition("=")
+        if not eq:
+            raise ValueError(f"--variant {text!r}: {part!r} is not field=value")
+        out[name.strip()] = parse_value(value.strip())
+    return out
+
+
 def tree_memory() -> dict:
     """Memory of this process and all its descendants, in bytes: PSS (shared pages divided among
     the processes that map them: the sum is what the tree costs) and RSS (each process whole)."""

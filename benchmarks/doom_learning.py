@@ -2,6 +2,7 @@
 
     python benchmarks/doom_learning.py [--scenarios basic,hgs] [--frames basic=1000000,hgs=1000000]
         [--no-sf] [--append] [--seed 0] [--out benchmarks/results/doom_learning]
+        [--variant "field=value,..." --tag T]... [--stop_at sf|RETURN]
 
 Scenarios: ``basic`` (VizdoomBasic-v1 / SF's doom_basic: shoot the monster; the scenario's reward,
 up to ~95) and ``hgs`` (VizdoomHealthGatheringSupreme-v1 / SF's doom_health_gathering_supreme:
@@ -12,6 +13,10 @@ through ``env_kwargs``), so both curves are 0.01 x tics survived (21: the whole 
 - asyncrl: ``APPO(id)`` with the Doom defaults (Sample Factory's Doom CNN + GRU 512, rollout 32,
   batch 1024, 2 workers x 8 envs), the training return (mean of the last 100 episodes) logged
   against frames (env steps x 4).
+- ``--variant`` (repeatable, each with its ``--tag``): one more asyncrl run over the defaults,
+  labelled ``asyncrl-TAG``. ``--stop_at``: asyncrl's runs end once the training return reaches
+  RETURN, or ``sf``: what Sample Factory's run of the same scenario and seed ended at (it then
+  runs first); the wall time to it is the figure compared.
 - Sample Factory 2.1.1 (its venv from ../shared/bench/sample_factory/install.sh): its VizDoom
   example, 2 workers x 8 envs on the CPU, the same seed, until the same frames; its
   ``policy_stats/avg_true_objective`` read from its TensorBoard summaries. That is the scenario's
@@ -29,8 +34,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from typing import Optional
 
-from _common import plot_curves, write_runs
+from _common import parse_variant, plot_curves, write_runs
 
 from asyncrl import APPO
 
@@ -54,18 +60,24 @@ print(json.dumps([(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] if t
 """
 
 
-def run_asyncrl(scenario: str, frames: int, seed: int) -> dict:
+def run_asyncrl(scenario: str, frames: int, seed: int, variant: Optional[dict] = None,
+                tag: str = "", stop_at: Optional[float] = None) -> dict:
+    """The defaults (with ``variant`` over them), until ``frames`` or a training return of
+    ``stop_at``."""
     env_id, env_kwargs = SCENARIOS[scenario][:2]
     curve, t0 = [], time.perf_counter()
 
     def log(m: APPO):
         curve.append((m.num_timesteps * FRAME_SKIP, round(time.perf_counter() - t0, 1),
                       m.logger.ep_rew_mean))
+        return False if stop_at is not None and curve[-1][2] >= stop_at else None
 
-    with APPO(env_id, env_kwargs=env_kwargs, seed=seed, device="cpu", verbose=0) as model:
+    with APPO(env_id, env_kwargs=env_kwargs, seed=seed, device="cpu", verbose=0,
+              **(variant or {})) as model:
         model.train(frames // FRAME_SKIP, callback=log, callback_interval=5.0)
         log(model)
-    return {"scenario": scenario, "engine": "asyncrl", "seed": seed, "frames": curve[-1][0],
+    return {"scenario": scenario, "engine": "asyncrl" + (f"-{tag}" if tag else ""), "seed": seed,
+            "variant": variant or {}, "stop_at": stop_at, "frames": curve[-1][0],
             "seconds": curve[-1][1], "curve": curve}
 
 
@@ -106,7 +118,7 @@ def write(runs: list, out: str) -> None:
 
 def plot(runs: list, path: str) -> None:
     plot_curves(runs, "scenario", lambda s: SCENARIOS[s][0],
-                lambda r: ("C0" if r["engine"] == "asyncrl" else "C3",
+                lambda r: ({"asyncrl": "C0", "sample_factory": "C3"}.get(r["engine"], "C1"),
                            f"{r['engine']} ({r['seconds'] / 60:.0f} min)"),
                 "frames (env steps x 4)", "training return (scenario's reward)",
                 f"VizDoom, 2 workers x 8 envs, 2 CPU cores ({time.strftime('%Y-%m-%d')})", path, 5.5)
@@ -120,7 +132,25 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--append", action="store_true", help="keep the runs already in OUT.json")
     ap.add_argument("--out", default=os.path.join(RESULTS, "doom_learning"))
+    ap.add_argument("--variant", action="append", default=[],
+                    help='one more asyncrl run: "field=value,..." over the defaults (with --tag)')
+    ap.add_argument("--tag", action="append", default=[], help="a --variant's label, in order")
+    ap.add_argument("--stop_at", default=None,
+                    help="end asyncrl's runs at this training return, or 'sf': Sample Factory's last")
     args = ap.parse_args()
+    if len(args.tag) != len(args.variant):
+        ap.error("give each --variant its --tag (the runs' label: asyncrl-TAG)")
+    try:
+        variants = [({}, "")] + [(parse_variant(v), t) for v, t in zip(args.variant, args.tag)]
+    except ValueError as e:
+        ap.error(str(e))
+    if args.stop_at not in (None, "sf"):
+        try:
+            args.stop_at = float(args.stop_at)
+        except ValueError:
+            ap.error(f"--stop_at {args.stop_at!r}: a training return, or 'sf'")
+    if args.stop_at == "sf" and not args.sf:
+        ap.error("--stop_at sf needs Sample Factory's run (drop --no-sf, or give a return)")
     frames = {k: v[4] for k, v in SCENARIOS.items()}
     for part in filter(None, args.frames.split(",")):
         name, _, value = part.partition("=")
@@ -139,13 +169,22 @@ def main() -> None:
         with open(args.out + ".json") as f:
             runs = json.load(f)["runs"]
     for s in scenarios:
-        for engine in (run_asyncrl, *([run_sample_factory] if args.sf else [])):
-            r = engine(s, frames[s], args.seed)
+        # read when each asyncrl job runs: Sample Factory's return once its run has set it
+        stop_at = None if args.stop_at == "sf" else args.stop_at
+        jobs = [lambda v=v, t=t: run_asyncrl(s, frames[s], args.seed, v, t, stop_at)
+                for v, t in variants]
+        if args.sf:  # first when its return is the asyncrl runs' stopping point
+            sf = lambda: run_sample_factory(s, frames[s], args.seed)  # noqa: E731
+            jobs = [sf] + jobs if args.stop_at == "sf" else jobs + [sf]
+        for job in jobs:
+            r = job()
             runs.append(r)
             write(runs, args.out)  # after every run: a long sweep keeps what it measured
             last = [v for _, _, v in r["curve"] if v == v]
             print(f"{s} {r['engine']}: {r['frames']:,} frames in {r['seconds']:.0f} s, training "
                   f"return {last[-1] if last else float('nan'):.1f}", flush=True)
+            if r["engine"] == "sample_factory" and args.stop_at == "sf":
+                stop_at = last[-1]
     plot(runs, args.out + ".png")
     print(f"wrote {args.out}.json, .csv, .png")
 

@@ -42,6 +42,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import suite_envs as se  # noqa: E402
+from _common import parse_variant  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "learning_suite")
 EVAL_SEED = 10_000  # episode i of every greedy evaluation resets with seed EVAL_SEED + i
@@ -292,15 +293,6 @@ def plot(runs: List[dict], path: str) -> None:
     print("wrote", path)
 
 
-def parse_overrides(text: str) -> dict:
-    from asyncrl.flags import parse_value
-    out = {}
-    for item in filter(None, (text or "").split(",")):
-        key, _, value = item.partition("=")
-        out[key.strip()] = parse_value(value.strip())
-    return out
-
-
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -330,7 +322,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     libs = [x.strip() for x in args.libs.split(",") if x.strip()]
     seeds = [int(s) for s in args.seeds.split(",")]
     if not args.report:
-        overrides = parse_overrides(args.variant)
+        try:
+            overrides = parse_variant(args.variant)
+        except ValueError as e:
+            p.error(str(e))
         tag = f"-{args.tag}" if args.tag else ""
         for name in names:
             for seed in seeds:

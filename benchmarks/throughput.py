@@ -42,7 +42,7 @@ import sys
 import time
 
 import torch
-from _common import pyplot, raw_env_rate, steady_fps
+from _common import parse_variant, pyplot, raw_env_rate, steady_fps
 
 from asyncrl import APPO
 from asyncrl.buffers import SharedControl, buffer_spec
@@ -213,17 +213,6 @@ def asyncrl_fps(env, env_kwargs: dict, flags: dict, warmup: float, seconds: floa
     return run
 
 
-def parse_variant(text: str) -> dict:
-    """"field=value,field=value" -> {field: value} (values as Python literals where they are)."""
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, value = part.partition("=")
-        if not eq:
-            raise BenchmarkError(f"--variant {text!r}: {part!r} is not field=value")
-        out[name.strip()] = parse_value(value.strip())
-    return out
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--env", default="CartPole-v1", help="a Gymnasium id or module:factory")
@@ -249,7 +238,10 @@ def main(argv=None) -> None:
         raise BenchmarkError("--seconds under 10 or --warmup under 5 cannot give a steady rate")
     rows = {"asyncrl": flags}
     for text in args.variant:
-        rows[f"asyncrl {text}"] = {**flags, **parse_variant(text)}
+        try:
+            rows[f"asyncrl {text}"] = {**flags, **parse_variant(text)}
+        except ValueError as e:
+            raise BenchmarkError(str(e)) from None
     # Each row's settings as APPO resolves them (family defaults, validation) before anything runs
     configs = {}
     for name, row_flags in rows.items():

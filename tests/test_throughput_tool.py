@@ -6,6 +6,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 throughput = pytest.importorskip("throughput")
+import _common  # noqa: E402  (beside throughput, in benchmarks/)
 
 import custom_envs  # noqa: E402
 
@@ -38,8 +39,8 @@ def test_sf_is_refused_for_an_env_without_an_example_and_variants_must_be_field_
     with pytest.raises(throughput.BenchmarkError, match="no Sample Factory example.*CartPole-v1"):
         throughput.main(["--env", "Acrobot-v1", "--sf"])
     with pytest.raises(throughput.BenchmarkError, match="'use_rnn' is not field=value"):
-        throughput.parse_variant("use_rnn")
-    assert throughput.parse_variant("use_rnn=True, rnn_size=64,cnn=tiny") == {
+        throughput.main(["--variant", "use_rnn"])
+    assert _common.parse_variant("use_rnn=True, rnn_size=64,cnn=tiny") == {
         "use_rnn": True, "rnn_size": 64, "cnn": "tiny"}
 
 
