@@ -119,7 +119,9 @@ def make_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
 class FlatGrads:
     """The trained parameters' gradients as views of one flat buffer per dtype and device, which
     backward accumulates into: zeroing and clipping them take one operation each instead of a
-    few per parameter (~10% of a 64 x 64 MLP's minibatch step on a CPU)."""
+    few per parameter (~10% of a 64 x 64 MLP's minibatch step on a CPU). A parameter the loss
+    did not reach has a zero gradient rather than None: Adam moves it only by the momentum it
+    gathered before."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -132,7 +134,9 @@ class FlatGrads:
             flat = torch.zeros(sum(p.numel() for p in ps), dtype=dtype, device=device)
             self.flats.append(flat)
             for p, v in zip(ps, flat.split([p.numel() for p in ps])):
-                views[p] = v.view_as(p)
+                # laid out as autograd lays out a gradient (a channels-last kernel's strides):
+                # fused Adam pairs a parameter's and its gradient's elements in memory order
+                views[p] = v.as_strided(p.shape, torch.empty_like(p).stride())
         self.views = [views[p] for p in self.params]
 
     def zero(self) -> None:
@@ -542,7 +546,7 @@ class Learner:
         cfg = self.cfg
         n = advantages.shape[0]
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
-        # Where every sample counts (the rule on a fast enough learner), plain means: no mask.
+        # Where every sample counts (none stale or restarted: the usual case), plain means.
         weight = None if bool(keep.all()) else keep.float()
         pg_weight = weight if moves is keep else moves.float()
 

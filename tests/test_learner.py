@@ -348,3 +348,33 @@ def test_whole_batches_train_without_a_mask_and_normalised_advantages(monkeypatc
         assert mask is None and pg_mask is None
         assert advantages.mean().abs() < 1e-5 and advantages.std().item() == pytest.approx(1.0, abs=1e-4)
 
+
+
+def test_flat_gradients_keep_a_channels_last_kernels_layout_for_fused_adam():
+    """A convolution's kernel stored channels-last (as the image encoders store theirs) gets its
+    gradient in the same layout: fused Adam pairs a parameter's and its gradient's elements in
+    memory order, so a contiguous gradient would update the wrong weights."""
+    import copy
+    from torch import nn
+    from asyncrl.learner import FlatGrads, make_optimizer
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 4 * 4, 2)).to(memory_format=torch.channels_last)
+    reference = copy.deepcopy(model)
+    grads = FlatGrads(model)
+    assert all(v.stride() == p.stride() for p, v in zip(grads.params, grads.views))
+    optimizer = make_optimizer(model, Config(learning_rate=0.1))
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=0.1, eps=Config().adam_eps,
+                                           foreach=False)
+    x = torch.randn(5, 3, 6, 6).to(memory_format=torch.channels_last)
+    for _ in range(3):
+        grads.zero()
+        model(x).pow(2).sum().backward()
+        grads.clip(0.5)
+        optimizer.step()
+        reference_optimizer.zero_grad()
+        reference(x).pow(2).sum().backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        reference_optimizer.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
