@@ -2,7 +2,7 @@
 
     python benchmarks/doom_learning.py [--scenarios basic,hgs] [--frames basic=1000000,hgs=1000000]
         [--no-sf] [--append] [--seed 0] [--out benchmarks/results/doom_learning]
-        [--variant "field=value,..." --tag T]... [--stop_at sf|RETURN]
+        [--variant "field=value,..." --tag T]... [--no-defaults] [--stop_at sf|RETURN]
 
 Scenarios: ``basic`` (VizdoomBasic-v1 / SF's doom_basic: shoot the monster; the scenario's reward,
 up to ~95) and ``hgs`` (VizdoomHealthGatheringSupreme-v1 / SF's doom_health_gathering_supreme:
@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Optional
@@ -135,13 +136,18 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[],
                     help='one more asyncrl run: "field=value,..." over the defaults (with --tag)')
     ap.add_argument("--tag", action="append", default=[], help="a --variant's label, in order")
+    ap.add_argument("--no-defaults", dest="no_defaults", action="store_true",
+                    help="only the --variant runs of asyncrl")
     ap.add_argument("--stop_at", default=None,
                     help="end asyncrl's runs at this training return, or 'sf': Sample Factory's last")
     args = ap.parse_args()
+    # a plain kill ends the run through its finally clauses (Sample Factory's session is killed)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if len(args.tag) != len(args.variant):
         ap.error("give each --variant its --tag (the runs' label: asyncrl-TAG)")
     try:
-        variants = [({}, "")] + [(parse_variant(v), t) for v, t in zip(args.variant, args.tag)]
+        variants = ([] if args.no_defaults else [({}, "")]) + [
+            (parse_variant(v), t) for v, t in zip(args.variant, args.tag)]
     except ValueError as e:
         ap.error(str(e))
     if args.stop_at not in (None, "sf"):
@@ -168,23 +174,23 @@ def main() -> None:
     if args.append and os.path.exists(args.out + ".json"):
         with open(args.out + ".json") as f:
             runs = json.load(f)["runs"]
+    def record(r: dict) -> float:
+        """Keep and print a finished run; its last training return."""
+        runs.append(r)
+        write(runs, args.out)  # after every run: a long sweep keeps what it measured
+        last = [v for _, _, v in r["curve"] if v == v]
+        print(f"{r['scenario']} {r['engine']}: {r['frames']:,} frames in {r['seconds']:.0f} s, "
+              f"training return {last[-1] if last else float('nan'):.1f}", flush=True)
+        return last[-1] if last else float("nan")
+
     for s in scenarios:
-        # read when each asyncrl job runs: Sample Factory's return once its run has set it
-        stop_at = None if args.stop_at == "sf" else args.stop_at
-        jobs = [lambda v=v, t=t: run_asyncrl(s, frames[s], args.seed, v, t, stop_at)
-                for v, t in variants]
-        if args.sf:  # first when its return is the asyncrl runs' stopping point
-            sf = lambda: run_sample_factory(s, frames[s], args.seed)  # noqa: E731
-            jobs = [sf] + jobs if args.stop_at == "sf" else jobs + [sf]
-        for job in jobs:
-            r = job()
-            runs.append(r)
-            write(runs, args.out)  # after every run: a long sweep keeps what it measured
-            last = [v for _, _, v in r["curve"] if v == v]
-            print(f"{s} {r['engine']}: {r['frames']:,} frames in {r['seconds']:.0f} s, training "
-                  f"return {last[-1] if last else float('nan'):.1f}", flush=True)
-            if r["engine"] == "sample_factory" and args.stop_at == "sf":
-                stop_at = last[-1]
+        stop_at = args.stop_at
+        if args.sf and stop_at == "sf":  # first: its return is where asyncrl's runs stop
+            stop_at = record(run_sample_factory(s, frames[s], args.seed))
+        for variant, tag in variants:
+            record(run_asyncrl(s, frames[s], args.seed, variant, tag, stop_at))
+        if args.sf and args.stop_at != "sf":
+            record(run_sample_factory(s, frames[s], args.seed))
     plot(runs, args.out + ".png")
     print(f"wrote {args.out}.json, .csv, .png")
 
