@@ -436,9 +436,9 @@ ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 # (return -150, as random play; Sample Factory +80): so small a head passes little policy gradient
 # to the shared CNN and GRU. At gain 1 it does (+64 at 1M frames). The Atari optimisation (4
 # epochs of minibatches of 256, lr 2.5e-4), kept, reached +80 at 242k and 524k frames in two runs
-# at gain 1 (+72 at 250k at 0.01, one run); docs/guides/vizdoom.md. Its learner is the bottleneck
-# and the sampling needs little of the CPU (the rollout and policy workers about half a core of
-# two): two threads, as Atari's, trained Basic ~1.2x as many frames a second (seeds 0-2).
+# at gain 1 (+72 at 250k at 0.01, one run); docs/guides/vizdoom.md. Its learner is the bottleneck,
+# the rollout and policy workers take about half a core of two: the learner's second thread (as
+# Atari's) trained Basic ~1.2x as many frames a second (seeds 0-2).
 DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs=4,
                      learning_rate=2.5e-4, adam_eps=1e-6, gamma=0.99, vtrace_lambda=0.95,
                      clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,
