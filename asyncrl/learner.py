@@ -617,8 +617,7 @@ class Learner:
         self.grads.zero()
         out.loss.backward()
         grad_norm = self.grads.clip(cfg.max_grad_norm)
-        if not bool(torch.isfinite(grad_norm) & torch.isfinite(out.loss)):
-            self.grads.zero()
+        if not bool(torch.isfinite(grad_norm) & torch.isfinite(out.loss)):  # no step on these
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= cfg.max_nonfinite_updates:
                 raise FloatingPointError(
