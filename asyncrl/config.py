@@ -434,12 +434,14 @@ ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 # V-trace's) and its initial gain of 1 for the policy head. Its optimisation (one epoch of one
 # minibatch at lr 1e-4) did not learn VizdoomBasic-v1 in 1M frames with the head at gain 0.01
 # (return -150, as random play; Sample Factory +80): so small a head passes little policy gradient
-# to the shared CNN and GRU. At gain 1 it does (+64 at 1M frames). The Atari optimisation (4
-# epochs of minibatches of 256, lr 2.5e-4), kept, reached +80 at 242k and 524k frames in two runs
-# at gain 1 (+72 at 250k at 0.01, one run); docs/guides/vizdoom.md. Its learner is the bottleneck,
-# the rollout and policy workers take about half a core of two: the learner's second thread (as
-# Atari's) trained Basic ~1.2x as many frames a second (seeds 0-2).
-DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs=4,
+# to the shared CNN and GRU. At gain 1 it does (+64 at 1M frames). Atari's minibatches of 256 at
+# lr 2.5e-4, in 2 epochs (Atari's 4 reached +80 at 242k and 524k frames in two runs at gain 1).
+# The learner is the bottleneck, the rollout and policy workers take about half a core of two:
+# the learner's second thread (as Atari's) trained Basic ~1.2x as many frames a second (seeds
+# 0-2); 2 epochs trained ~1.5x as many as 4 (HealthGatheringSupreme, side by side) and reached
+# Sample Factory's 1M-frame return on Basic in 0.80 and 0.62 of 4 epochs' time (seeds 0, 1,
+# side by side), 1 epoch (2 x 16 envs) in 1.03 (seed 0); docs/guides/vizdoom.md.
+DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs=2,
                      learning_rate=2.5e-4, adam_eps=1e-6, gamma=0.99, vtrace_lambda=0.95,
                      clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,
                      cnn="doom", use_rnn=True, rnn_type="gru", rnn_size=512, normalize_obs=True,
