@@ -222,10 +222,14 @@ def test_first_call_from_a_thread_that_then_exits():
 
 
 def test_long_callback_at_the_end_is_not_a_stall():
-    with APPO("CartPole-v1", worker_timeout=2.0, **SMALL) as model:
-        model.train(1024, callback=lambda m: time.sleep(3.0), callback_interval=0.01)
+    # The timeout is short for the callback to outlast it, and not shorter: the rollout workers'
+    # clock starts with them, so the learner's start-up and first update count (over 2 s seen
+    # on a slow machine). Started first, so the long callback comes at the end of a warm run.
+    with APPO("CartPole-v1", worker_timeout=5.0, **SMALL) as model:
         model.train(256)
-        assert model.num_timesteps == 1280
+        model.train(1024, callback=lambda m: time.sleep(6.0), callback_interval=0.01)
+        model.train(256)
+        assert model.num_timesteps == 1536
 
 
 def test_set_parameters_inside_a_callback_is_refused():
