@@ -4,12 +4,12 @@
         [--out pong_learning] [any Config field as --field value]
 
 Writes OUT.csv (seconds, frames, env steps, mean return of the last 100 games, the last update's
-mean policy lag) every 30 s, the final model to OUT.pt with its greedy return over
---eval_episodes games, and, with matplotlib (pip install -e ".[bench]"), OUT.png. Frames = env
-steps x 4. Stops once the mean reaches --target. The learning rate stays constant by default
-(--anneal_lr: linearly to 0 over --frames). On a 2-core CPU (where the Atari defaults train
-synchronously) one run of the defaults reached +18 at 6.7M frames in 41 minutes (~680 env steps/s), a second +17.2 at 10M frames in 51
-(~815 env steps/s; +17 at 6.2M); annealed, +17.1 at 10M frames in 64.
+mean policy lag) every 30 s, the final model to OUT.pt with its greedy return over --eval_episodes
+games, and, with matplotlib (pip install -e ".[bench]"), OUT.png. Frames = env steps x 4. Stops
+once the mean reaches --target. The learning rate stays constant by default (--anneal_lr: linearly
+to 0 over --frames). On a 2-core CPU (where the Atari defaults train synchronously) one run of the
+defaults reached +18 at 6.7M frames in 41 minutes (~680 env steps/s), a second +17.2 at 10M frames
+in 51 (~815 env steps/s; +17 at 6.2M); annealed, +17.1 at 10M frames in 64.
 """
 from __future__ import annotations
 
