@@ -3,6 +3,7 @@
     python benchmarks/doom_learning.py [--scenarios basic,hgs] [--frames basic=1000000,hgs=1000000]
         [--no-sf] [--append] [--seed 0] [--out benchmarks/results/doom_learning]
         [--variant "field=value,..." --tag T]... [--no-defaults] [--stop_at sf|RETURN]
+        [--device cpu|cuda]
 
 Scenarios: ``basic`` (VizdoomBasic-v1 / SF's doom_basic: shoot the monster; the scenario's reward,
 up to ~95) and ``hgs`` (VizdoomHealthGatheringSupreme-v1 / SF's doom_health_gathering_supreme:
@@ -22,6 +23,9 @@ through ``env_kwargs``), so both curves are 0.01 x tics survived (21: the whole 
   ``policy_stats/avg_true_objective`` read from its TensorBoard summaries. That is the scenario's
   own reward: SF trains on it x 0.01 for basic (rescaled back here) and with +1 per health
   pick-up for hgs (its shaping; asyncrl trains on the unshaped reward).
+- ``--device cuda``: both learn on the GPU (SF's ``--device=gpu``), asyncrl with its defaults for
+  a GPU machine (its layout follows the cores, ``config.gpu_layout``) and Sample Factory with
+  the same workers x envs.
 Writes ``OUT.json``, ``OUT.csv`` and ``OUT.png``, after every run.
 """
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Optional
 from _common import parse_variant, plot_curves, write_runs
 
 from asyncrl import APPO
+from asyncrl.config import Config, available_cores, with_defaults
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -61,8 +66,15 @@ print(json.dumps([(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] if t
 """
 
 
+def layout(device: str) -> tuple:
+    """(workers, envs per worker) of asyncrl's Doom defaults on ``device`` (2 x 8 on the CPU)."""
+    kw = with_defaults({}, family="doom", cpu_only=device == "cpu")
+    return (kw.get("num_workers", Config.num_workers),
+            kw.get("num_envs_per_worker", Config.num_envs_per_worker))
+
+
 def run_asyncrl(scenario: str, frames: int, seed: int, variant: Optional[dict] = None,
-                tag: str = "", stop_at: Optional[float] = None) -> dict:
+                tag: str = "", stop_at: Optional[float] = None, device: str = "cpu") -> dict:
     """The defaults (with ``variant`` over them), until ``frames`` or a training return of
     ``stop_at``."""
     env_id, env_kwargs = SCENARIOS[scenario][:2]
@@ -73,21 +85,24 @@ def run_asyncrl(scenario: str, frames: int, seed: int, variant: Optional[dict] =
                       m.logger.ep_rew_mean))
         return False if stop_at is not None and curve[-1][2] >= stop_at else None
 
-    with APPO(env_id, env_kwargs=env_kwargs, seed=seed, device="cpu", verbose=0,
+    with APPO(env_id, env_kwargs=env_kwargs, seed=seed, device=device, verbose=0,
               **(variant or {})) as model:
         model.train(frames // FRAME_SKIP, callback=log, callback_interval=5.0)
         log(model)
     return {"scenario": scenario, "engine": "asyncrl" + (f"-{tag}" if tag else ""), "seed": seed,
-            "variant": variant or {}, "stop_at": stop_at, "frames": curve[-1][0],
+            "variant": variant or {}, "stop_at": stop_at, "device": device,
+            "layout": list(layout(device)), "cores": available_cores(), "frames": curve[-1][0],
             "seconds": curve[-1][1], "curve": curve}
 
 
-def run_sample_factory(scenario: str, frames: int, seed: int) -> dict:
+def run_sample_factory(scenario: str, frames: int, seed: int, device: str = "cpu") -> dict:
     _, _, sf_env, scale, _ = SCENARIOS[scenario]
+    workers, envs = layout(device)
     train_dir = tempfile.mkdtemp(prefix="sf-doom-")
     cmd = [SF_PYTHON, "-m", "sf_examples.vizdoom.train_vizdoom", f"--env={sf_env}",
            "--experiment=doom", f"--train_dir={train_dir}", "--restart_behavior=overwrite",
-           "--device=cpu", f"--seed={seed}", "--num_workers=2", "--num_envs_per_worker=8",
+           f"--device={'cpu' if device == 'cpu' else 'gpu'}", f"--seed={seed}",
+           f"--num_workers={workers}", f"--num_envs_per_worker={envs}",
            f"--train_for_env_steps={frames}"]
     t0, start = time.perf_counter(), time.time()  # summaries carry epoch times
     with open(os.path.join(train_dir, "log"), "w") as log:
@@ -108,7 +123,8 @@ def run_sample_factory(scenario: str, frames: int, seed: int) -> dict:
                            f"its log: {os.path.join(train_dir, 'log')}")
     shutil.rmtree(train_dir, ignore_errors=True)
     curve = [(step, round(wall - start, 1), value / scale) for step, wall, value in points]
-    return {"scenario": scenario, "engine": "sample_factory", "seed": seed, "frames": curve[-1][0],
+    return {"scenario": scenario, "engine": "sample_factory", "seed": seed, "device": device,
+            "layout": [workers, envs], "cores": available_cores(), "frames": curve[-1][0],
             "seconds": round(seconds, 1), "curve": curve}
 
 
@@ -118,11 +134,16 @@ def write(runs: list, out: str) -> None:
 
 
 def plot(runs: list, path: str) -> None:
+    last = runs[-1]  # runs before --device was recorded: 2 x 8 on 2 CPU cores
+    workers, envs = last.get("layout", (2, 8))
+    where = ("a GPU, " if last.get("device", "cpu") != "cpu" else "") + f"{last.get('cores', 2)} CPU cores"
+    took = lambda s: f"{s:.0f} s" if s < 600 else f"{s / 60:.0f} min"  # noqa: E731
     plot_curves(runs, "scenario", lambda s: SCENARIOS[s][0],
                 lambda r: ({"asyncrl": "C0", "sample_factory": "C3"}.get(r["engine"], "C1"),
-                           f"{r['engine']} ({r['seconds'] / 60:.0f} min)"),
+                           f"{r['engine']} ({took(r['seconds'])})"),
                 "frames (env steps x 4)", "training return (scenario's reward)",
-                f"VizDoom, 2 workers x 8 envs, 2 CPU cores ({time.strftime('%Y-%m-%d')})", path, 5.5)
+                f"VizDoom, {workers} workers x {envs} envs, {where} ({time.strftime('%Y-%m-%d')})",
+                path, 5.5)
 
 
 def main() -> None:
@@ -140,6 +161,8 @@ def main() -> None:
                     help="only the --variant runs of asyncrl")
     ap.add_argument("--stop_at", default=None,
                     help="end asyncrl's runs at this training return, or 'sf': Sample Factory's last")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where both engines learn (cuda: asyncrl's GPU layout for both)")
     args = ap.parse_args()
     # a plain kill ends the run through its finally clauses (Sample Factory's session is killed)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -186,11 +209,11 @@ def main() -> None:
     for s in scenarios:
         stop_at = args.stop_at
         if args.sf and stop_at == "sf":  # first: its return is where asyncrl's runs stop
-            stop_at = record(run_sample_factory(s, frames[s], args.seed))
+            stop_at = record(run_sample_factory(s, frames[s], args.seed, args.device))
         for variant, tag in variants:
-            record(run_asyncrl(s, frames[s], args.seed, variant, tag, stop_at))
+            record(run_asyncrl(s, frames[s], args.seed, variant, tag, stop_at, args.device))
         if args.sf and args.stop_at != "sf":
-            record(run_sample_factory(s, frames[s], args.seed))
+            record(run_sample_factory(s, frames[s], args.seed, args.device))
     plot(runs, args.out + ".png")
     print(f"wrote {args.out}.json, .csv, .png")
 
