@@ -472,14 +472,17 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
 GPU_BATCHES_IN_FLIGHT = 4
 
 
-def gpu_layout(cores: int, rollout: int, batch_size: int, lanes: int = 1) -> dict:
+def gpu_layout(cores: int, rollout: int, batch_size: int, lanes: int = 1,
+               num_workers: Optional[int] = None, num_envs_per_worker: Optional[int] = None) -> dict:
     """num_workers and num_envs_per_worker on a machine with ``cores`` CPU cores whose GPU learns
-    (see GPU_BATCHES_IN_FLIGHT); on two cores the Config defaults."""
+    (see GPU_BATCHES_IN_FLIGHT); on two cores the Config defaults. Either count, when given (the
+    caller's), is kept and the other follows from it."""
     per_env = rollout * lanes
     budget = GPU_BATCHES_IN_FLIGHT * batch_size  # agent steps sampled at once
-    workers = max(Config.num_workers, min(cores - 2, budget // (2 * per_env)))
-    envs = Config.num_envs_per_worker
-    while envs > 2 and workers * envs * per_env > budget:
+    workers = num_workers or max(Config.num_workers,
+                                 min(cores - 2, budget // ((num_envs_per_worker or 2) * per_env)))
+    envs = num_envs_per_worker or Config.num_envs_per_worker
+    while not num_envs_per_worker and envs > 2 and workers * envs * per_env > budget:
         envs -= 2
     return dict(num_workers=workers, num_envs_per_worker=envs)
 
@@ -505,9 +508,9 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
-    ``num_envs_per_worker``); with a GPU (not ``cpu_only``) and no layout set, ``gpu_layout``
-    for the cores; ``continuous`` actions get CONTINUOUS_DEFAULTS; IMPALA trains one epoch per
-    batch; synchronous PPO's batch is one rollout of every env; a ``multi_agent`` env's batch (or
+    ``num_envs_per_worker``); with a GPU (not ``cpu_only``), ``gpu_layout`` for the cores sets
+    whichever of the two counts is not set; ``continuous`` actions get CONTINUOUS_DEFAULTS;
+    IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a ``multi_agent`` env's batch (or
     any with ``lanes_per_env`` > 1) is rounded to a multiple of its slot. What the caller sets
     always wins."""
     atari = family == "atari"
@@ -521,11 +524,13 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     algo = merged.get("algo", "appo")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     get = lambda name: merged.get(name, defaults[name])  # noqa: E731
-    if not cpu_only and "num_workers" not in merged and "num_envs_per_worker" not in merged:
+    layout_names = ("num_workers", "num_envs_per_worker")
+    if not cpu_only and not all(n in merged for n in layout_names):
         counts = [get(n) for n in ("rollout", "batch_size", "lanes_per_env")]
-        if _positive_ints(counts):
-            layout = gpu_layout(cores, *counts)
-            preset.update({k: v for k, v in layout.items() if v != defaults[k]})
+        given = {n: merged[n] for n in layout_names if n in merged}
+        if _positive_ints(counts + list(given.values())):  # else: left to validation
+            layout = gpu_layout(cores, *counts, **given)
+            preset.update({k: v for k, v in layout.items() if v != defaults[k] and k not in given})
             merged = {**preset, **kwargs}
     counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size",
                                "lanes_per_env")]

@@ -138,9 +138,18 @@ def test_with_a_gpu_the_layout_follows_the_cores_and_keeps_few_batches_in_flight
         in_flight = layout["num_workers"] * layout["num_envs_per_worker"] * rollout * lanes
         assert in_flight <= GPU_BATCHES_IN_FLIGHT * 1024 and layout["num_envs_per_worker"] >= 2
     assert gpu_layout(64, 128, 1024) == dict(num_workers=16, num_envs_per_worker=2)
-    # the caller's layout, and a CPU-only run, are left alone
-    mine = {"num_envs_per_worker": 4}
+    # the caller's counts win; the one left unset still follows the cores, within the budget
+    mine = {"num_workers": 6, "num_envs_per_worker": 4}
     assert with_defaults(mine, cpu_only=False, cores=16) == mine
+    doom = with_defaults({"num_envs_per_worker": 16}, family="doom", cpu_only=False, cores=16)
+    assert (doom["num_workers"], doom["num_envs_per_worker"]) == (8, 16)  # 4 batches of 1024
+    assert with_defaults({"num_workers": 4}, cpu_only=False, cores=16) == {"num_workers": 4}
+    few = with_defaults({"num_workers": 14}, family="atari", cpu_only=False, cores=16)
+    assert few["num_envs_per_worker"] == 2  # 14 x 2 x 128 steps: 3.5 batches of 1024
+    assert with_defaults({"num_envs_per_worker": 4}, cpu_only=False, cores=2) == {
+        "num_envs_per_worker": 4}  # two cores: the default 2 workers
+    assert with_defaults({"num_workers": 0}, cpu_only=False, cores=16) == {"num_workers": 0}
+    # a CPU-only run is left alone
     assert with_defaults({}, cpu_only=True, cores=16) == {}
 
 
