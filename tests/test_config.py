@@ -166,7 +166,8 @@ def test_box_action_space_gets_the_continuous_defaults_and_keywords_win():
     assert model.config.minibatch_size == 512 and model.config.num_epochs == 10
     tuned = make(custom_envs.box_action_env, learning_rate=1e-3, normalize_obs=False).config
     assert tuned.learning_rate == 1e-3 and not tuned.normalize_obs and tuned.gamma == 0.99
-    assert not make(custom_envs.cartpole).config.normalize_obs  # discrete actions: as before
+    cartpole = make(custom_envs.cartpole).config  # discrete actions: the Config defaults
+    assert cartpole.normalize_obs and cartpole.learning_rate == Config.learning_rate
 
 
 def test_dict_observation_space_accepted():

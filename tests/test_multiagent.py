@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ma_envs
-from asyncrl import APPO, ConfigError, SelfPlay
+from asyncrl import APPO, Config, ConfigError, SelfPlay
 from asyncrl.learner import Learner
 from test_checkpoints import adam_steps
 from test_multiprocess import worker_children
@@ -559,8 +559,8 @@ def test_a_continuous_policy_beside_a_discrete_one_gets_its_own_defaults_not_its
               verbose=0, **kw) as model:
         disc, cont = (t.config for t in model.trainees.values())
         assert disc.rollout == cont.rollout == model.config.rollout
-        assert cont.num_epochs == CONTINUOUS_DEFAULTS["num_epochs"] and cont.normalize_obs
-        assert not disc.normalize_obs
+        assert cont.num_epochs == CONTINUOUS_DEFAULTS["num_epochs"]
+        assert disc.num_epochs == Config.num_epochs != cont.num_epochs
         assert model.trainees["cont"].own["ent_coef"] == 0.0  # implied for it, kept at run time
         model.train(600)
         assert model.logger.last_train_by["cont/"]["entropy_loss"] == model.logger.last_train_by[
