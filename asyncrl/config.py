@@ -457,10 +457,11 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 
 # Continuous actions (a Box, alone or in a Tuple/Dict): after CleanRL's ppo_continuous_action and
 # Sample Factory's MuJoCo preset: lr 3e-4, clip 0.2, no entropy bonus, 10 epochs (their gamma
-# 0.99, lambda 0.95, return and observation normalisation are every env's defaults now). Asynchronous (APPO, V-trace) with
-# minibatches of 512 rather than their synchronous PPO: on two cores it trained faster and learned
-# as well or better (docs/benchmarks/measured.md, "Continuous control"). No target_kl: the presets
-# (this, Atari's, VizDoom's) keep the settings they were measured with.
+# 0.99, lambda 0.95, return and observation normalisation are every env's defaults now).
+# Asynchronous (APPO, V-trace) with minibatches of 512 rather than their synchronous PPO: on two
+# cores it trained faster and learned as well or better (docs/benchmarks/measured.md, "Continuous
+# control"). No target_kl: the presets (this, Atari's, VizDoom's) keep the settings they were
+# measured with.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=512,
                            target_kl=None)
@@ -477,7 +478,8 @@ GPU_BATCHES_IN_FLIGHT = 4
 
 
 def gpu_layout(cores: int, rollout: int, batch_size: int, lanes: int = 1,
-               num_workers: Optional[int] = None, num_envs_per_worker: Optional[int] = None) -> dict:
+               num_workers: Optional[int] = None,
+               num_envs_per_worker: Optional[int] = None) -> dict:
     """num_workers and num_envs_per_worker on a machine with ``cores`` CPU cores whose GPU learns
     (see GPU_BATCHES_IN_FLIGHT); on two cores the Config defaults. Either count, when given (the
     caller's), is kept and the other follows from it."""
@@ -514,8 +516,9 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
     ``num_envs_per_worker``); with a GPU (not ``cpu_only``), ``gpu_layout`` for the cores sets
     whichever of the two counts is not set; ``continuous`` actions get CONTINUOUS_DEFAULTS;
-    IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a ``multi_agent`` env's batch (or
-    any with ``lanes_per_env`` > 1) is rounded to a multiple of its slot. What the caller sets
+    IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
+    ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is rounded to a multiple of
+    its slot. What the caller sets
     always wins."""
     atari = family == "atari"
     cores = available_cores() if cores is None else cores

@@ -136,7 +136,8 @@ def write(runs: list, out: str) -> None:
 def plot(runs: list, path: str) -> None:
     last = runs[-1]  # runs before --device was recorded: 2 x 8 on 2 CPU cores
     workers, envs = last.get("layout", (2, 8))
-    where = ("a GPU, " if last.get("device", "cpu") != "cpu" else "") + f"{last.get('cores', 2)} CPU cores"
+    gpu = last.get("device", "cpu") != "cpu"
+    where = ("a GPU, " if gpu else "") + f"{last.get('cores', 2)} CPU cores"
     took = lambda s: f"{s:.0f} s" if s < 600 else f"{s / 60:.0f} min"  # noqa: E731
     plot_curves(runs, "scenario", lambda s: SCENARIOS[s][0],
                 lambda r: ({"asyncrl": "C0", "sample_factory": "C3"}.get(r["engine"], "C1"),
