@@ -487,9 +487,11 @@ def gpu_layout(cores: int, rollout: int, batch_size: int, lanes: int = 1,
     budget = GPU_BATCHES_IN_FLIGHT * batch_size  # agent steps sampled at once
     workers = num_workers or max(Config.num_workers,
                                  min(cores - 2, budget // ((num_envs_per_worker or 2) * per_env)))
-    envs = num_envs_per_worker or Config.num_envs_per_worker
-    while not num_envs_per_worker and envs > 2 and workers * envs * per_env > budget:
-        envs -= 2
+    envs = num_envs_per_worker
+    if not envs:  # the most, from the default down, that keeps the budget
+        envs = Config.num_envs_per_worker
+        while envs > 2 and workers * envs * per_env > budget:
+            envs -= 2
     return dict(num_workers=workers, num_envs_per_worker=envs)
 
 
@@ -518,8 +520,7 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     whichever of the two counts is not set; ``continuous`` actions get CONTINUOUS_DEFAULTS;
     IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
     ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is rounded to a multiple of
-    its slot. What the caller sets
-    always wins."""
+    its slot. What the caller sets always wins."""
     atari = family == "atari"
     cores = available_cores() if cores is None else cores
     preset = dict(FAMILY_DEFAULTS.get(family) or (CONTINUOUS_DEFAULTS if continuous else {}))

@@ -89,9 +89,10 @@ def run_asyncrl(scenario: str, frames: int, seed: int, variant: Optional[dict] =
               **(variant or {})) as model:
         model.train(frames // FRAME_SKIP, callback=log, callback_interval=5.0)
         log(model)
+        ran = [model.config.num_workers, model.config.num_envs_per_worker]  # a variant's too
     return {"scenario": scenario, "engine": "asyncrl" + (f"-{tag}" if tag else ""), "seed": seed,
             "variant": variant or {}, "stop_at": stop_at, "device": device,
-            "layout": list(layout(device)), "cores": available_cores(), "frames": curve[-1][0],
+            "layout": ran, "cores": available_cores(), "frames": curve[-1][0],
             "seconds": curve[-1][1], "curve": curve}
 
 
