@@ -35,7 +35,8 @@
   global state) against independent learners at the same budget, ``--critic_seeds`` seeds:
   speaker-listener with both trained (``--team_steps`` agent steps each; and the listener beside
   a mute or an oracle speaker: ``--critic_variants``), simple_spread's shared policy
-  (``--critic_spread_steps``); ``--critic_envs speaker,spread``. Written (after every run) to
+  (``--critic_spread_steps``, ``--critic_spread_variants``); ``--critic_envs speaker,spread``;
+  seeds ``--critic_first_seed`` onwards. Written (after every run) to
   ``--critic_out`` (``multiagent_critic``)``.{csv,json,png}``.
 - throughput: simple_spread's raw rate (random actions, one env per process, 2 processes) and
   asyncrl's rate once warm, both in agent steps per second.
@@ -168,10 +169,15 @@ SPEAKER_VARIANTS = {
     "oracle speaker, listener trained": {"speaker": oracle_speaker, "listener": None}}
 
 
-def critic(steps: int, spread_steps: int, seeds: int, envs: list, variants: list, out: str) -> list:
+SPREAD_VARIANTS = {"centralised critic": {"centralized_critic": True}, "independent": {}}
+
+
+def critic(steps: int, spread_steps: int, seeds: range, envs: list, variants: list,
+           spread_variants: list, out: str) -> list:
     """The centralised critic (``centralized_critic=True``) against independent learners, same
-    budget, ``seeds`` seeds each: speaker-listener (``variants`` of SPEAKER_VARIANTS) and
-    simple_spread's shared policy. The results are written after every run."""
+    budget, each seed of ``seeds``: speaker-listener (``variants`` of SPEAKER_VARIANTS) and
+    simple_spread's shared policy (``spread_variants`` of SPREAD_VARIANTS). The results are
+    written after every run."""
     runs = []
 
     def add(run: dict) -> None:
@@ -179,16 +185,17 @@ def critic(steps: int, spread_steps: int, seeds: int, envs: list, variants: list
         write_runs(out, {}, runs, ["task", "seed"], ["agent_steps", "seconds", "ep_rew_mean"])
 
     rand = random_return(make_speaker_listener) if "speaker" in envs else None
-    for seed in range(seeds if "speaker" in envs else 0):
+    for seed in seeds if "speaker" in envs else ():
         for label in variants:
             run = learn(make_speaker_listener, steps, f"speaker-listener: {label}", seed=seed,
                         policies=SPEAKER_VARIANTS[label], policy_mapping=by_role)
             add(dict(run, env="simple_speaker_listener_v4", seed=seed, variant=label,
                      reference=f"{label}, seed {seed}", random=rand))
     rand = random_return(make_simple_spread) if "spread" in envs else None
-    for seed in range(seeds if "spread" in envs else 0):
-        for label, kw in (("centralised critic", {"centralized_critic": True}), ("independent", {})):
-            run = learn(make_simple_spread, spread_steps, f"simple_spread: {label}", seed=seed, **kw)
+    for seed in seeds if "spread" in envs else ():
+        for label in spread_variants:
+            run = learn(make_simple_spread, spread_steps, f"simple_spread: {label}", seed=seed,
+                        **SPREAD_VARIANTS[label])
             add(dict(run, env="simple_spread_v3", seed=seed, variant=label,
                      reference=f"{label}, seed {seed}", random=rand))
     return runs
@@ -362,10 +369,13 @@ def main():
     ap.add_argument("--team_steps", type=int, default=1_000_000)
     ap.add_argument("--critic_spread_steps", type=int, default=1_000_000)
     ap.add_argument("--critic_seeds", type=int, default=3)
+    ap.add_argument("--critic_first_seed", type=int, default=0)
     ap.add_argument("--critic_envs", default="speaker,spread")
     ap.add_argument("--critic_variants", default="both trained, centralised critic;both trained, "
                     "independent;mute speaker, listener trained",
                     help="';'-separated speaker-listener variants: " + "; ".join(SPEAKER_VARIANTS))
+    ap.add_argument("--critic_spread_variants", default=";".join(SPREAD_VARIANTS),
+                    help="';'-separated simple_spread variants: " + "; ".join(SPREAD_VARIANTS))
     ap.add_argument("--critic_out", default="multiagent_critic")
     ap.add_argument("--tasks", default="spread,bot,selfplay,best,teams,critic",
                     help="which of spread (with the throughput), bot, selfplay, best, teams, critic "
@@ -384,8 +394,9 @@ def main():
                     out + ".png")
     if "critic" in tasks:
         out = os.path.join(RESULTS, args.critic_out)
-        runs = critic(args.team_steps, args.critic_spread_steps, args.critic_seeds,
-                      args.critic_envs.split(","), args.critic_variants.split(";"), out)
+        seeds = range(args.critic_first_seed, args.critic_first_seed + args.critic_seeds)
+        runs = critic(args.team_steps, args.critic_spread_steps, seeds, args.critic_envs.split(","),
+                      args.critic_variants.split(";"), args.critic_spread_variants.split(";"), out)
         plot_curves(runs, "env", lambda env: env,
                     lambda r: ("C0" if "critic" in r["variant"] else "C1" if "independent" in r["variant"]
                                else "C2", r["reference"]), "agent steps", "training return per agent",
