@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Tuple
 import psutil
 import torch
 import torch.multiprocessing as mp  # multiprocessing, its tensor reductions registered
-from multiprocessing import forkserver as mp_forkserver, util as mp_util
+from multiprocessing import forkserver as mp_forkserver
 
 from . import ipc
 from .buffers import SharedControl, SharedWeights
@@ -33,32 +33,6 @@ JOIN_TIMEOUT = 5.0     # seconds a component gets to leave its loop before it is
 LOOP_TIMEOUT = 0.1     # seconds of any single wait inside a component loop
 PAUSE_POLL = 0.005     # seconds between looks at the control vector while paused
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
-# Imported once in the fork server (see process_context): torch, most of a component's import
-# time. Not asyncrl: the fork server resolves imports on the interpreter's default path (its
-# working directory first), not the main process's (Python 3.11 ignores the sys.path it is
-# given), so a component could get another copy than the main process has; each component
-# imports asyncrl itself, on the main process's path.
-PRELOAD = ["torch"]
-
-
-def process_context():
-    """The multiprocessing context components start from: the fork server where the platform
-    has one (Linux), else spawn. The fork server is one process, started with the first
-    graph and ending with this interpreter (as multiprocessing's resource tracker), that
-    imported torch once: each component is forked from it with torch loaded, where a spawned
-    one spends seconds of CPU importing it. Like a spawned one it shares nothing
-    else with this process: the main script is imported again (hence the main guard), CUDA
-    is initialised in the component, and it is given this process's environment variables
-    (component_main)."""
-    if "forkserver" not in mp.get_all_start_methods() or not hasattr(
-            mp_forkserver._forkserver, "_forkserver_alive_fd"):  # see _leave_fork_server
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    mp_util.get_temp_dir()  # made now, so each component knows it (see _orphan_dirs)
-    return ctx
-
-
 def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Optional[str],
                    environ: dict) -> Tuple[int, List[str]]:
     """In a component: die with the main process, leave Ctrl-C to it, one torch thread, the

@@ -36,9 +36,9 @@ from .messages import ReportKind
 from .models import PolicySpec
 from .multiagent import AgentLayout
 from .policy_worker import PolicyWorker
+from .fork_server import process_context
 from .processes import (LOOP_TIMEOUT, PAUSE_POLL, Make, check_main_guard, check_shm_space,
-                        component_main, kill_group, process_context, shutdown_graph,
-                        watch_queue_locks)
+                        component_main, kill_group, shutdown_graph, watch_queue_locks)
 from .rollout_worker import RolloutWorker
 
 REPORT_WAIT = 2.0      # seconds a pause waits for the rollout workers' last reports

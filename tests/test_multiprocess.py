@@ -245,3 +245,60 @@ def test_sampler_nice_lowers_the_priority_of_sampling_only():
         nice = {c.name(): c.nice() for c in worker_children()}
     assert nice == {"rollout-0": base + 3, "rollout-1": base + 3, "policy-0": base + 3,
                     "learner": base}, nice
+
+
+EARLY_PROBE = """
+import multiprocessing as mp, time
+from multiprocessing import forkserver
+import psutil
+import asyncrl
+
+def torch_loaded(pid):  # the fork server imports torch in the background, before it serves
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any("torch" in m.path for m in psutil.Process(pid).memory_maps()):
+            return True
+        time.sleep(0.05)
+    return False
+
+def child(q):
+    import asyncrl  # a process multiprocessing started: starts no fork server of its own
+    q.put(forkserver._forkserver._forkserver_pid is None)
+
+if __name__ == "__main__":
+    pid = forkserver._forkserver._forkserver_pid
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=child, args=(q,))
+    p.start()
+    print(pid is not None and torch_loaded(pid), q.get(timeout=60))
+    p.join()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif("forkserver" not in __import__("multiprocessing").get_all_start_methods(),
+                    reason="no fork server on this platform")
+def test_importing_asyncrl_starts_the_fork_server_in_the_main_process_only(tmp_path):
+    """The fork server imports torch while the main process does (a first train() forks its
+    components at once); a child process importing asyncrl starts none, nor does the main
+    process with ASYNCRL_NO_EARLY_FORK_SERVER set; nothing is left once the interpreter ends."""
+    import subprocess
+    import sys
+    script = tmp_path / "probe.py"
+    script.write_text(EARLY_PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_NO_EARLY_FORK_SERVER"}
+    before = {p.pid for p in psutil.process_iter()}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=100, cwd=tmp_path)
+    assert out.stdout.split() == ["True", "True"], out.stderr
+    out = subprocess.run([sys.executable, str(script)], env={**env, "ASYNCRL_NO_EARLY_FORK_SERVER": "1"},
+                         capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert out.stdout.split() == ["False", "True"], out.stderr
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the fork servers end with their interpreters
+        left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before and
+                "multiprocessing.forkserver" in " ".join(p.info["cmdline"] or [])]
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left
