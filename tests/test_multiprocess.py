@@ -275,7 +275,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 @pytest.mark.skipif("forkserver" not in __import__("multiprocessing").get_all_start_methods(),
                     reason="no fork server on this platform")
 def test_importing_asyncrl_starts_the_fork_server_in_the_main_process_only(tmp_path):
@@ -289,10 +289,10 @@ def test_importing_asyncrl_starts_the_fork_server_in_the_main_process_only(tmp_p
     env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_NO_EARLY_FORK_SERVER"}
     before = {p.pid for p in psutil.process_iter()}
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=100, cwd=tmp_path)
+                         timeout=110, cwd=tmp_path)
     assert out.stdout.split() == ["True", "True"], out.stderr
     out = subprocess.run([sys.executable, str(script)], env={**env, "ASYNCRL_NO_EARLY_FORK_SERVER": "1"},
-                         capture_output=True, text=True, timeout=100, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=110, cwd=tmp_path)
     assert out.stdout.split() == ["False", "True"], out.stderr
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the fork servers end with their interpreters
