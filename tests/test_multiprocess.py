@@ -1,8 +1,11 @@
 """A real multi-process run: it trains, and every way out of train() (done, a worker's exception,
 Ctrl-C) leaves no child process and no shared-memory entry behind."""
+import multiprocessing
 import multiprocessing.resource_tracker as resource_tracker
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -276,14 +279,12 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.skipif("forkserver" not in __import__("multiprocessing").get_all_start_methods(),
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(),
                     reason="no fork server on this platform")
 def test_importing_asyncrl_starts_the_fork_server_in_the_main_process_only(tmp_path):
     """The fork server imports torch while the main process does (a first train() forks its
     components at once); a child process importing asyncrl starts none, nor does the main
     process with ASYNCRL_NO_EARLY_FORK_SERVER set; nothing is left once the interpreter ends."""
-    import subprocess
-    import sys
     script = tmp_path / "probe.py"
     script.write_text(EARLY_PROBE)
     env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_NO_EARLY_FORK_SERVER"}
