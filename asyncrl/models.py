@@ -5,7 +5,8 @@ What the engine calls on ``ActorCritic(spec, cfg)`` (an nn.Module: ``parameters`
 (the per-leaf conversion of stored observations, done once per learner batch: uint8 scaling,
 one-hot), ``forward(obs, prepared=False, state=None, starts=None) -> (dist params [N, P], values
 [N][, next state])``, ``act`` (policy workers, ``predict``), ``evaluate`` (the learner's log-probs,
-entropies and values of stored actions), ``normalize_values``, ``update_normalizers(obs,
+entropies and values of stored actions, the values in the value head's own scale),
+``normalize_values`` / ``denormalize_values`` (returns' scale <-> the head's), ``update_normalizers(obs,
 returns, keep)``, ``fused_forward`` (the policy workers' inference), and ``core`` /
 ``state_size`` (a recurrent model's state). Observations are dicts of leaf keys (see
 ``spaces``). Between the inputs and the heads sit encoders per key (a CNN per image, one-hot for
@@ -171,6 +172,12 @@ class ActorCritic(nn.Module):
         [T, B] (True where an episode starts: the state is zeroed before that step), whole
         trajectories: obs time-major [T * B, ...] from ``state`` [B, state_size] at their first
         step, returning the state after the last."""
+        params, values, *next_state = self._heads(obs, prepared, state, starts)
+        return (params, self.denormalize_values(values), *next_state)
+
+    def _heads(self, obs: Dict[str, torch.Tensor], prepared: bool, state: Optional[torch.Tensor],
+               starts: Optional[torch.Tensor]):
+        """``forward`` with the values in the value head's own (normalised) scale."""
         if torch.is_tensor(obs):
             obs = {"obs": obs}
         x = obs if prepared else self.prepare(obs)
@@ -188,8 +195,6 @@ class ActorCritic(nn.Module):
                 pi_feat, state = self.core(pi_feat, state, starts)
             params = self.action_head(self.pi_net(pi_feat))
             values = self._values(pi_feat, x)
-        if self.value_norm is not None:
-            values = self.value_norm.denormalize(values)
         return (params, values) if self.core is None else (params, values, state)
 
     def _values(self, pi_feat: torch.Tensor, x: Dict[str, torch.Tensor]) -> torch.Tensor:
@@ -223,8 +228,10 @@ class ActorCritic(nn.Module):
                  mask: Optional[torch.Tensor] = None, prepared: bool = True,
                  state: Optional[torch.Tensor] = None, starts: Optional[torch.Tensor] = None):
         """(log_probs [N], entropy [N], values [N]) of stored ``actions``, with grad (a recurrent
-        model: whole trajectories, see ``forward``)."""
-        params, values, *_ = self(obs, prepared=prepared, state=state, starts=starts)
+        model: whole trajectories, see ``forward``). The values are the value head's, in the
+        scale it learns in (``normalize_values``): the loss needs no conversion of them (four
+        operations and their gradients a minibatch step), ``denormalize_values`` gives returns."""
+        params, values, *_ = self._heads(obs, prepared, state, starts)
         log_probs, entropy = self.dist.log_prob_entropy(params, actions, mask)
         return log_probs, entropy, values
 
@@ -249,6 +256,10 @@ class ActorCritic(nn.Module):
     def normalize_values(self, values: torch.Tensor) -> torch.Tensor:
         """Values in the scale the value head learns in (identity without return normalisation)."""
         return values if self.value_norm is None else (values - self.value_norm.mean) / self.value_norm.std()
+
+    def denormalize_values(self, values: torch.Tensor) -> torch.Tensor:
+        """The value head's outputs in the returns' scale (the inverse of ``normalize_values``)."""
+        return values if self.value_norm is None else self.value_norm.denormalize(values)
 
     @torch.no_grad()
     def fused_forward(self) -> Callable:

@@ -146,6 +146,7 @@ def test_targets_in_minibatch_chunks_equal_one_pass_over_the_batch():
     with torch.no_grad():
         all_log_probs, _, all_values = learner.model.evaluate(
             obs, torch.cat([batch.actions.flatten(0, 1), batch.actions[0]]))
+    all_values = learner.model.denormalize_values(all_values)  # evaluate's are the head's scale
     torch.testing.assert_close(values, all_values.view(T + 1, B)[:T])
     torch.testing.assert_close(log_probs, all_log_probs.view(T + 1, B)[:T])
 
@@ -178,7 +179,8 @@ def test_targets_reuse_the_policy_workers_values_only_for_samples_of_these_weigh
     versions[0, 0] = -1 if lagged else 0
     batch = batch._replace(values=recorded, policy_versions=versions)
     seen = []
-    hook = learner.model.register_forward_hook(lambda m, args, out: seen.append(len(args[0]["obs"])))
+    # the policy head's rows: every pass through the network (forward, evaluate) goes through it
+    hook = learner.model.action_head.register_forward_hook(lambda m, args, out: seen.append(len(args[0])))
     reused = learner.targets(batch, obs, None)
     hook.remove()
     assert sum(seen) == ((T + 1) * B if lagged else B)
@@ -220,7 +222,7 @@ def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passe
         if not one_step:
             learner.one_step = lambda b: False
         seen = []
-        hook = learner.model.register_forward_hook(lambda m, args, out: seen.append(1))
+        hook = learner.model.action_head.register_forward_hook(lambda m, args, out: seen.append(1))
         assert learner.train_on(batch)
         hook.remove()
         passes.append(len(seen))
@@ -382,3 +384,76 @@ def test_flat_gradients_keep_a_channels_last_kernels_layout_for_fused_adam():
         reference_optimizer.step()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_adam_step_updates_weights_and_state_as_torchs_own_step():
+    """The learner's Adam step (torch's fused kernel without torch.optim's per-call Python) moves
+    weights, moments and step counters exactly as ``optimizer.step()``: from the first step
+    (which makes the state), after a learning-rate change (PBT) and after a state reload."""
+    import copy
+    from asyncrl.learner import FlatGrads, adam_step, make_optimizer
+    model = make_learner().model
+    reference = copy.deepcopy(model)
+    cfg = Config(learning_rate=0.05)
+    optimizer, reference_optimizer = make_optimizer(model, cfg), make_optimizer(reference, cfg)
+    if not optimizer.param_groups[0].get("fused"):
+        pytest.skip("this torch has no fused Adam for the CPU")
+    grads, reference_grads = FlatGrads(model), FlatGrads(reference)
+    x = torch.randn(9, 4, generator=torch.Generator().manual_seed(0))
+    for i in range(5):
+        if i == 2:
+            for opt in (optimizer, reference_optimizer):
+                opt.param_groups[0]["lr"] = 0.01
+        if i == 3:  # a reload replaces every state tensor
+            optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+        for m, g in ((model, grads), (reference, reference_grads)):
+            g.zero()
+            params, values = m({"obs": x})
+            (params.pow(2).sum() + values.pow(2).sum()).backward()
+        adam_step(optimizer)
+        reference_optimizer.step()
+        if i == 0:  # the state exists now: later steps must not go through torch.optim's
+            optimizer.step = lambda: pytest.fail("adam_step fell back to optimizer.step()")
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(p, q)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(optimizer.state[p][key], reference_optimizer.state[q][key])
+    assert float(optimizer.state[next(model.parameters())]["step"]) == 5
+
+
+def test_each_epoch_trains_every_sample_once_with_its_own_observation(monkeypatch):
+    """A feed-forward model's epochs shuffle the per-sample tensors once an epoch and gather the
+    observations a minibatch at a time: every minibatch's observations, actions and
+    behaviour log-probabilities belong to the same samples, and each epoch covers each sample
+    once."""
+    import asyncrl.learner as learner_module
+    learner = make_masking_learner(num_epochs=3, batch_size=32, minibatch_size=12, rollout=8,
+                                   num_envs_per_worker=4, num_workers=1, decoupled_clip=False,
+                                   normalize_obs=False, target_kl=None)
+    learner.version = 5
+    T, B = 8, 4
+    ids = torch.arange(T * B, dtype=torch.float32).view(T, B)
+    obs = torch.zeros(T + 1, B, 4)
+    obs[:T, :, 0] = ids
+    batch = Batch({"obs": obs}, (ids.long() % 2).unsqueeze(-1), -1e-3 * ids,
+                  torch.zeros(T, B), torch.zeros(T, B, dtype=torch.bool),
+                  torch.zeros(T, B, dtype=torch.bool), torch.full((T, B), 5, dtype=torch.int64))
+    seen = []
+    real_step = learner_module.Learner._minibatch_step
+
+    def spy(self, obs, actions, action_mask, ratio_ref, *rest):
+        seen.append((obs["obs"][:, 0].clone(), actions.flatten().clone(), ratio_ref.clone()))
+        return real_step(self, obs, actions, action_mask, ratio_ref, *rest)
+    monkeypatch.setattr(learner_module.Learner, "_minibatch_step", spy)
+    assert learner.train_on(batch)["masked_fraction"] == 0
+    assert len(seen) == 3 * 3  # 32 samples in minibatches of 12, 12 and 8, three epochs
+    for epoch in range(3):
+        rows = seen[3 * epoch: 3 * epoch + 3]
+        assert [len(r[0]) for r in rows] == [12, 12, 8]
+        sample_ids = torch.cat([r[0] for r in rows])
+        assert sorted(sample_ids.long().tolist()) == list(range(T * B))
+        for sample, actions, ratio_ref in rows:
+            assert torch.equal(actions, sample.long() % 2)
+            torch.testing.assert_close(ratio_ref, -1e-3 * sample)
+    assert not torch.equal(seen[0][0], seen[3][0])  # a new order each epoch

@@ -34,7 +34,8 @@ def batches(monkeypatch):
                                              state=torch.zeros_like(batch.rnn_state[0]),
                                              starts=batch.episode_starts()[:T])[0]
         seen.append(dict(batch=batch, version=self.version, log_probs=log_probs.view(T, B),
-                         values=values.view(T, B), zero_state_log_probs=zero_state.view(T, B)))
+                         values=self.model.denormalize_values(values).view(T, B),
+                         zero_state_log_probs=zero_state.view(T, B)))
         return original(self, batch)
 
     monkeypatch.setattr(Learner, "train_on", train_on)
