@@ -660,7 +660,7 @@ class Learner:
         out.loss.backward()
         grad_norm = self.grads.clip(cfg.max_grad_norm)
         # two scalar reads (torch.isfinite is four operations a tensor on a CPU)
-        norm_value, loss_value = float(grad_norm), float(out.loss)
+        norm_value, loss_value = grad_norm.item(), out.loss.item()
         if not (math.isfinite(norm_value) and math.isfinite(loss_value)):  # no step on these
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= cfg.max_nonfinite_updates:

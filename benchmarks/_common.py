@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
+from typing import Dict
 
 import psutil
 
@@ -80,7 +81,7 @@ class ProcessTreeSampler(threading.Thread):
 
     def run(self) -> None:
         me = psutil.Process()
-        first, last = {}, {}  # name -> (time, cpu seconds)
+        first, last, names = {}, {}, {}  # pid -> (time, cpu seconds); pid -> name
         t_start = time.perf_counter()
         next_memory = t_start + 2.0
         while not self.stop_event.wait(0.5):  # children are gone once train() returns: poll
@@ -96,12 +97,14 @@ class ProcessTreeSampler(threading.Thread):
                 except (psutil.NoSuchProcess, OSError):
                     continue
                 if now - t_start >= self.start_after:
-                    first.setdefault(name, (now, cpu))
-                    last[name] = (now, cpu)
-        for name, (t1, c1) in last.items():
-            t0, c0 = first[name]
+                    first.setdefault(p.pid, (now, cpu))
+                    last[p.pid], names[p.pid] = (now, cpu), name
+        rates: Dict[str, float] = {}  # processes sharing a name (the fork server and
+        for pid, (t1, c1) in last.items():  # multiprocessing's resource tracker) add up
+            t0, c0 = first[pid]
             if t1 > t0:
-                self.cpu[name] = round((c1 - c0) / (t1 - t0), 2)
+                rates[names[pid]] = rates.get(names[pid], 0.0) + (c1 - c0) / (t1 - t0)
+        self.cpu = {name: round(rate, 2) for name, rate in rates.items()}
 
 
 def steady_fps(env: str, warmup: float, seconds: float = None, steps: int = None,
