@@ -8,6 +8,7 @@ same information.
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 
 
 def minigrid(name: str) -> gym.Env:
@@ -99,10 +100,28 @@ class IntAction(gym.ActionWrapper):
         return int(action)
 
 
+class SignReward(gym.RewardWrapper):
+    """Rewards clipped to their sign, for SB3's Atari training (RL Zoo's AtariWrapper does it;
+    asyncrl clips in its learner), outside SB3's Monitor, which logs the game's score."""
+
+    def reward(self, reward):
+        return float(np.sign(reward))
+
+
+def _large_image(space: gym.Space) -> bool:
+    """An image SB3's NatureCNN takes (uint8, 3 dimensions, at least 36 x 36)."""
+    return (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+            and sorted(space.shape)[1] >= 36)
+
+
 def sb3_view(env: gym.Env) -> gym.Env:
-    """``env`` as SB3's ``PPO`` can take it: ``Tuple`` and ``Dict`` observations flattened to one
-    vector (Discrete parts one-hot), ``Discrete`` actions as ints; others unchanged."""
-    if isinstance(env.observation_space, (gym.spaces.Tuple, gym.spaces.Dict)):
+    """``env`` as SB3's ``PPO`` can take it: ``Tuple`` observations and ``Dict`` ones without a
+    large image (MiniGrid's 7 x 7 grid) flattened to one vector (Discrete parts one-hot), a
+    ``Dict`` with one (VizDoom's screen) left to SB3's ``MultiInputPolicy``; ``Discrete`` actions
+    as ints; others unchanged."""
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Tuple) or (
+            isinstance(space, gym.spaces.Dict) and not any(map(_large_image, space.values()))):
         env = gym.wrappers.FlattenObservation(env)
     if isinstance(env.action_space, gym.spaces.Discrete):
         env = IntAction(env)
