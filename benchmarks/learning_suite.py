@@ -11,9 +11,10 @@ Per env of ``CASES`` and seed, ``APPO(env, seed=s, device="cpu")`` with nothing 
 workers x 8 envs, the defaults a user gets) trains for the env's budget; SB3's ``PPO`` with its
 own defaults (``PPO("MlpPolicy" | "MultiInputPolicy" | "CnnPolicy", env)``, one env, CPU) trains
 for the same env steps; on Atari, where its defaults are not meant to be used, with RL Zoo's tuned
-settings (``Case.sb3_zoo``; 8 envs), on the same preprocessed env as asyncrl. Both log the training return (mean of the last 100 episodes) against env steps and
-wall time from the constructor's call (start-up included), and end with a greedy evaluation
-(20 episodes; more where ``Case.eval_episodes`` says) on the same episodes for both libraries:
+settings (``Case.sb3_zoo``; 8 envs), on the same preprocessed env as asyncrl. Both log the
+training return (mean of the last 100 episodes) against env steps and wall time from the
+constructor's call (start-up included), and end with a greedy evaluation (20 episodes unless
+``Case.eval_episodes`` says otherwise) on the same episodes for both libraries:
 episode ``i`` is reset with seed ``EVAL_SEED + i``. Runs are stored one file each under
 ``benchmarks/results/learning_suite/`` (``<lib>_<env>_<steps>_<seed>.json``); SB3's are slow on
 2 cores and reused unless ``--rerun_sb3``. ``--report`` writes ``learning_suite.md`` (the docs'
@@ -57,7 +58,7 @@ class Case:
     family: str
     quick: int = 0              # its budget in --quick (0: not in the quick subset)
     sb3: Optional[str] = "PPO"  # "PPO", "RecurrentPPO" (sb3-contrib) or None (SB3 cannot run it)
-    sb3_zoo: Optional[str] = None  # SB3 trains with this entry of RL Zoo's ppo.yml, not its defaults
+    sb3_zoo: Optional[str] = None  # SB3 trains with this entry of RL Zoo's ppo.yml (not defaults)
     eval_episodes: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict)  # asyncrl settings the env needs (use_rnn)
 
@@ -193,7 +194,8 @@ def run_sb3(name: str, seed: int) -> dict:
 
     def make():
         from asyncrl.envs import make_env  # ALE and Vizdoom ids as asyncrl makes them
-        env = case.env() if callable(case.env) else make_env(case.env, **case.extra.get("env_kwargs", {}))
+        kwargs = case.extra.get("env_kwargs", {})  # as APPO(case.env, env_kwargs=...) makes it
+        env = case.env() if callable(case.env) else make_env(case.env, **kwargs)
         return se.sb3_view(env)
 
     n_envs = hyper.pop("n_envs", 1)
