@@ -126,7 +126,7 @@ def eval_episodes(case: Case) -> int:
 
 def zoo_hyperparams(key: str) -> dict:
     """RL Zoo's PPO settings ``key`` of its ``hyperparams/ppo.yml`` (``pip install rl-zoo3``;
-    read from the installed package, not imported) as ``PPO`` arguments: ``lin_X`` as a linear
+    ``--no-deps`` suffices: read from the installed package, not imported) as ``PPO`` arguments: ``lin_X`` as a linear
     schedule from X to 0 over the run, ``n_envs`` and ``policy`` kept for the caller. Its
     ``frame_stack`` and ``env_wrapper`` are not applied: both libraries get asyncrl's
     preprocessing (which stacks 4 frames; checked here)."""
@@ -176,6 +176,7 @@ def run_sb3(name: str, seed: int) -> dict:
     import gymnasium as gym
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.atari_wrappers import ClipRewardEnv
     from stable_baselines3.common.env_util import make_vec_env
     case = CASES[name]
     hyper = zoo_hyperparams(case.sb3_zoo) if case.sb3_zoo else {}
@@ -198,9 +199,9 @@ def run_sb3(name: str, seed: int) -> dict:
         env = case.env() if callable(case.env) else make_env(case.env, **kwargs)
         return se.sb3_view(env)
 
-    n_envs = hyper.pop("n_envs", 1)
+    n_envs = hyper.pop("n_envs", 1)  # Atari: rewards sign-clipped outside Monitor (the game's score)
     env = make_vec_env(make, n_envs, seed=seed,
-                       wrapper_class=se.SignReward if case.family == "atari" else None)
+                       wrapper_class=ClipRewardEnv if case.family == "atari" else None)
     if case.sb3 == "RecurrentPPO":
         from sb3_contrib import RecurrentPPO as Algo
         policy = "MlpLstmPolicy"

@@ -100,14 +100,6 @@ class IntAction(gym.ActionWrapper):
         return int(action)
 
 
-class SignReward(gym.RewardWrapper):
-    """Rewards clipped to their sign, for SB3's Atari training (RL Zoo's AtariWrapper does it;
-    asyncrl clips in its learner), outside SB3's Monitor, which logs the game's score."""
-
-    def reward(self, reward):
-        return float(np.sign(reward))
-
-
 def _large_image(space: gym.Space) -> bool:
     """An image SB3's NatureCNN takes (uint8, 3 dimensions, at least 36 x 36)."""
     return (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
