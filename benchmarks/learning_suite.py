@@ -48,6 +48,9 @@ from _common import parse_variant  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "learning_suite")
 EVAL_SEED = 10_000  # episode i of every greedy evaluation resets with seed EVAL_SEED + i
+# The training return a target is judged on: the mean of the last 100 episodes (SB3's
+# ep_info_buffer, asyncrl's stats_window), once that many have ended
+RETURN_WINDOW = 100
 
 
 @dataclass
@@ -156,7 +159,9 @@ def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
     t0 = time.perf_counter()
 
     def record(model):
-        curve.append([int(model.num_timesteps), time.perf_counter() - t0, float(model.logger.ep_rew_mean)])
+        window = min(model.logger.num_episodes, model.config.stats_window)
+        curve.append([int(model.num_timesteps), time.perf_counter() - t0,
+                      float(model.logger.ep_rew_mean), window])
 
     model = APPO(case.env, **{"seed": seed, "device": "cpu", "verbose": 0, **case.extra, **overrides})
     try:
@@ -190,7 +195,7 @@ def run_sb3(name: str, seed: int) -> dict:
             if self.num_timesteps % 1000 < self.training_env.num_envs:
                 buf = self.model.ep_info_buffer
                 ret = float(np.mean([e["r"] for e in buf])) if buf else float("nan")
-                curve.append([self.num_timesteps, time.perf_counter() - t0, ret])
+                curve.append([self.num_timesteps, time.perf_counter() - t0, ret, len(buf)])
             return True
 
     def make():
@@ -267,9 +272,13 @@ def load_runs(libs: List[str]) -> List[dict]:
 
 
 def time_to_target(run: dict, target: float) -> Optional[tuple]:
-    """(env steps, seconds) where the training return first reached ``target``; None if never."""
-    for steps, secs, ret in run["curve"]:
-        if ret == ret and ret >= target:
+    """(env steps, seconds) where the training return, a mean over a full window of
+    ``RETURN_WINDOW`` episodes, first reached ``target``; None if never. Early in a run the mean
+    is over the few episodes that ended, and the first to end are often the successes (a
+    failure runs to the step limit): runs stored before the window's fill was recorded (three
+    numbers a point) are read as they are."""
+    for steps, secs, ret, *window in run["curve"]:
+        if ret == ret and ret >= target and (not window or window[0] >= RETURN_WINDOW):
             return steps, secs
     return None
 
@@ -331,7 +340,7 @@ def plot(runs: List[dict], path: str) -> None:
     for col, name in enumerate(names):
         for r in (r for r in runs if r["env"] == name):
             c = colours.setdefault(r["label"], f"C{len(colours)}")
-            pts = [(s, t, v) for s, t, v in r["curve"] if v == v]
+            pts = [(s, t, v) for s, t, v, *_ in r["curve"] if v == v]
             if pts:
                 s, t, v = zip(*pts)
                 axes[0][col].plot(s, v, color=c, lw=1, label=r["label"])
