@@ -32,7 +32,7 @@ from .config import Config
 from .fileio import PolicyFiles
 from .learner import Learner
 from .logger import TrainLogger
-from .messages import ReportKind
+from .messages import ReportKind, dump_int, dump_request, load_int, load_request
 from .models import PolicySpec
 from .multiagent import AgentLayout
 from .policy_worker import PolicyWorker
@@ -57,10 +57,12 @@ class PolicyQueues:
     def __init__(self, cfg: Config, graph: "Queues"):
         # Rollout workers write to these: their readers wait on a bell pipe, not in the queue
         # (see ipc: a rollout worker may be SIGKILLed at any moment).
-        self.policy_request = [ipc.BelledQueue(faster_fifo.Queue(1_000_000))
+        self.policy_request = [ipc.BelledQueue(faster_fifo.Queue(1_000_000, dumps=dump_request,
+                                                                 loads=load_request))
                                for _ in range(cfg.num_policy_workers)]
-        self.full_slot = ipc.BelledQueue(faster_fifo.Queue(1_000_000))
-        self.free_slot = faster_fifo.Queue(1_000_000)  # rollout workers take without waiting
+        self.full_slot = ipc.BelledQueue(faster_fifo.Queue(1_000_000, dumps=dump_int, loads=load_int))
+        # rollout workers take without waiting
+        self.free_slot = faster_fifo.Queue(1_000_000, dumps=dump_int, loads=load_int)
         self.graph = graph
 
     @property

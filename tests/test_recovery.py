@@ -16,6 +16,7 @@ from asyncrl.buffers import (Ctl, SharedControl, SharedOptimizerState, SharedWei
 from asyncrl.fileio import PolicyFiles
 from asyncrl.learner import Learner
 from asyncrl.learner import make_optimizer as make_learner_optimizer
+from asyncrl.messages import PolicyRequest
 from asyncrl.runner import Queues
 from test_shared_memory import VECTOR_SPEC
 
@@ -61,6 +62,24 @@ def graph():
     g = Graph()
     yield g
     g.close()
+
+
+def test_requests_and_slot_indices_cross_their_queues_intact():
+    """The per-step messages travel as packed integers (the codecs in messages), not pickles:
+    every field arrives as sent, in order, values past 32 bits included."""
+    queues = Queues(CFG)
+    try:
+        pq = queues.policy[0]
+        sent = [PolicyRequest(1, 1, 17, 7, 2**40, 3), PolicyRequest(0, 0, 0, 0, 0, 0)]
+        for request in sent:
+            pq.policy_request[0].put(request)
+        assert pq.policy_request[0].get_many(block=True, timeout=1.0) == sent
+        pq.free_slot.put_many([3, 2**33])
+        pq.full_slot.put(5)
+        assert pq.free_slot.get_many(block=False) == [3, 2**33]
+        assert pq.full_slot.get_many(block=True, timeout=1.0) == [5]
+    finally:
+        queues.close()
 
 
 def test_sync_ppo_has_no_spare_slot():
