@@ -265,8 +265,10 @@ class ActorCritic(nn.Module):
     def fused_forward(self) -> Callable:
         """An inference-only ``forward`` with the policy and value MLPs of a vector-only model
         fused into one block-diagonal MLP (half the matmuls, no module calls), the return
-        normaliser's scale folded into the value row. Rebuild it after the weights change. Other
-        models return ``forward`` itself."""
+        normaliser's scale folded into the value row and the observation normalisers' division
+        into the first layer's columns (each normalised key is centred and clipped to +-clip x
+        std: two operations where the normaliser takes five). Rebuild it after the weights or
+        statistics change. Other models return ``forward`` itself."""
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
                    and self.core is None and not self.centralized
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
@@ -286,11 +288,23 @@ class ActorCritic(nn.Module):
             std, mean = self.value_norm.std(), self.value_norm.mean
             weights[-1][p] *= std
             biases[-1][p] = biases[-1][p] * std + mean
-        norms = dict(zip(self.norm_keys, self.obs_norm))
+        norms, centred, col = dict(zip(self.norm_keys, self.obs_norm)), {}, 0
+        for key, space in zip(self.keys, self.spaces):
+            width, norm = flat_width(space), norms.get(key)
+            if norm is not None:  # (x - mean) / std, clipped: clip(x - mean, +-clip x std) / std
+                std = norm.std().reshape(-1)
+                weights[0][:, col:col + width] /= std
+                bound = None if norm.clip is None else norm.clip * std
+                centred[key] = (norm.mean.reshape(-1).clone(), None if bound is None else -bound, bound)
+            col += width
 
         def forward(obs: Dict[str, torch.Tensor]):
             x = self.prepare(obs)
-            feats = [norms[k](x[k]) if k in norms else x[k] for k in self.keys]
+            feats = [x[k] for k in self.keys]
+            for i, key in enumerate(self.keys):
+                if key in centred:
+                    mean, low, high = centred[key]
+                    feats[i] = feats[i] - mean if low is None else torch.clamp(feats[i] - mean, low, high)
             x = feats[0] if len(feats) == 1 else torch.cat(feats, -1)
             for w, b in zip(weights[:-1], biases[:-1]):
                 x = act(F.linear(x, w, b))

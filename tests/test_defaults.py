@@ -123,6 +123,30 @@ def test_the_policy_workers_fused_forward_gives_the_models_denormalised_values()
     assert float(values.abs().mean()) > 10  # in the returns' units, not normalised ones
 
 
+def test_the_fused_forward_folds_the_observation_normalisers_and_clips_as_they_do():
+    """A Dict of a normalised Box beside a one-hot Discrete: the fused first layer divides the
+    Box's columns (not the one-hot's) by the running std, and an outlier is clipped at +-10 std
+    as the model's normaliser clips it."""
+    space = gym.spaces.Dict({"pos": gym.spaces.Box(-1e3, 1e3, (3,), np.float32),
+                             "room": gym.spaces.Discrete(5)})
+    model = ActorCritic.from_spaces(space, gym.spaces.Discrete(4))
+    assert model.norm_keys == ["pos"]
+    model.obs_norm[0].update(torch.randn(512, 3) * torch.tensor([0.01, 5.0, 300.0]) + 40.0)
+    model.value_norm.update(torch.randn(256) * 3)
+    pos = torch.randn(16, 3) * torch.tensor([0.01, 5.0, 300.0]) + 40.0
+    pos[0] = torch.tensor([50.0, -400.0, 1e3])  # far outside +-10 std in the first two entries
+    obs = {"pos": pos, "room": torch.randint(0, 5, (16,))}
+    with torch.no_grad():
+        params, values = model(obs)
+    fused = model.fused_forward()
+    assert fused != model.forward
+    fused_params, fused_values = fused(obs)
+    assert torch.allclose(fused_params, params, atol=1e-4) and torch.allclose(fused_values, values, atol=1e-4)
+    with torch.no_grad():  # the clip matters here: unclipped, the outlier's logits differ
+        unclipped = (pos - model.obs_norm[0].mean) / model.obs_norm[0].std()
+        assert unclipped[0].abs().max() > 10
+
+
 def test_with_a_gpu_the_layout_follows_the_cores_and_keeps_few_batches_in_flight():
     from asyncrl.config import GPU_BATCHES_IN_FLIGHT, gpu_layout
     # two cores (this machine, CI): the Config defaults, so nothing is implied
