@@ -294,17 +294,17 @@ class ActorCritic(nn.Module):
             if norm is not None:  # (x - mean) / std, clipped: clip(x - mean, +-clip x std) / std
                 std = norm.std().reshape(-1)
                 weights[0][:, col:col + width] /= std
-                bound = None if norm.clip is None else norm.clip * std
-                centred[key] = (norm.mean.reshape(-1).clone(), None if bound is None else -bound, bound)
+                bound = norm.clip * std  # an observation normaliser always clips
+                centred[key] = (norm.mean.reshape(-1).clone(), -bound, bound)
             col += width
+
+        def centre(key: str, v: torch.Tensor) -> torch.Tensor:
+            mean, low, high = centred[key]
+            return torch.clamp(v - mean, low, high)
 
         def forward(obs: Dict[str, torch.Tensor]):
             x = self.prepare(obs)
-            feats = [x[k] for k in self.keys]
-            for i, key in enumerate(self.keys):
-                if key in centred:
-                    mean, low, high = centred[key]
-                    feats[i] = feats[i] - mean if low is None else torch.clamp(feats[i] - mean, low, high)
+            feats = [centre(k, x[k]) if k in centred else x[k] for k in self.keys]
             x = feats[0] if len(feats) == 1 else torch.cat(feats, -1)
             for w, b in zip(weights[:-1], biases[:-1]):
                 x = act(F.linear(x, w, b))
