@@ -84,9 +84,11 @@ CASES: Dict[str, Case] = {
     "minigrid-keycorridor": Case(se.minigrid_keycorridor, 1_000_000, 0.8, "minigrid"),
     # NASim (network penetration testing): 2 sensitive hosts x 100 minus action costs
     "nasim-tiny-hard": Case(se.nasim_tiny_hard, 300_000, 180, "nasim", quick=200_000),
+    "nasim-tiny-hard-md": Case(se.nasim_tiny_hard_md, 300_000, 180, "nasim"),
     "nasim-small": Case(se.nasim_small, 1_000_000, 180, "nasim"),
     "nasim-small-md": Case(se.nasim_small_md, 1_000_000, 180, "nasim"),
     "nasim-medium": Case(se.nasim_medium, 2_000_000, 170, "nasim"),
+    "nasim-medium-md": Case(se.nasim_medium_md, 2_000_000, 170, "nasim"),
     # toy text: Discrete and Tuple observations, Taxi's info["action_mask"]
     "taxi": Case(se.taxi, 500_000, 7, "toy_text", quick=300_000),
     # FrozenLake: the optimal policy succeeds in 0.744 of episodes (100-step limit); 1,000
@@ -98,6 +100,12 @@ CASES: Dict[str, Case] = {
                             extra=dict(use_rnn=True)),
     "pos-cartpole": Case(se.position_only_cartpole, 1_000_000, 0.9, "memory", sb3="RecurrentPPO",
                          extra=dict(use_rnn=True)),
+    # MineSweeper: +1/14 a safe reveal, -1/2 - 1/14 a mine (the episode ends), -1/24 a cell
+    # revealed again; random play scores -0.21, revealing unseen cells blindly about -0.24: the
+    # target, 0, set before any run, needs the counts read and the reveals remembered. SB3 takes
+    # no Tuple observation.
+    "minesweeper": Case(se.minesweeper, 1_000_000, 0.0, "memory", sb3=None,
+                        extra=dict(use_rnn=True)),
     # MPE2, one policy shared by the 3 agents (SB3 takes no PettingZoo env as it comes)
     "simple-spread": Case(se.simple_spread, 1_000_000, -20, "multiagent", sb3=None),
     # Atari: short budgets in env steps (4 frames each; Breakout's is the "Atari 100k" budget of

@@ -47,6 +47,11 @@ def nasim_tiny_hard():
     return nasim("TinyHard-v0")
 
 
+def nasim_tiny_hard_md():
+    """NASim tiny-hard with ``MultiDiscrete`` actions (its "VA" ids)."""
+    return nasim("TinyHardVA-v0")
+
+
 def nasim_small():
     return nasim("Small-v0")
 
@@ -58,6 +63,10 @@ def nasim_small_md():
 
 def nasim_medium():
     return nasim("Medium-v0")
+
+
+def nasim_medium_md():
+    return nasim("MediumVA-v0")
 
 
 def taxi():
@@ -85,6 +94,16 @@ def repeat_previous():
 
 def position_only_cartpole():
     return popgym("PositionOnlyCartPoleEasy")
+
+
+def minesweeper():
+    """popgym's MineSweeperEasy: a 4 x 4 board, 2 mines, ``MultiDiscrete([4, 4])`` actions (the
+    cell to reveal); the observation is the revealed cell's count with the previous action
+    (popgym's ``PreviousAction``: the task is specified with it), a ``Tuple``. Memory and
+    factored actions together."""
+    from popgym.envs.minesweeper import MineSweeperEasy
+    from popgym.wrappers import PreviousAction
+    return PreviousAction(MineSweeperEasy())
 
 
 def simple_spread():
