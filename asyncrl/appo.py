@@ -131,7 +131,7 @@ class APPO:
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
         defaults = run_defaults(env_family(env), cpu_only, multi_agent=self.agents is not None)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
-        cfg = Config.from_kwargs(defaults(kwargs, not make_distribution(self.action_space).discrete))
+        cfg = Config.from_kwargs(defaults(kwargs, make_distribution(self.action_space).kind))
         if cfg.seed is None:
             cfg = cfg.replace(seed=random.randrange(2 ** 31))
         self.settings = Settings(cfg, schedules)  # the run's: the model's attributes and config
@@ -576,7 +576,7 @@ APPO.__init__.__signature__ = _config_signature(APPO.__init__)
 APPO.__init__.__doc__ = (
     "Build the model; nothing starts until ``train()``. Besides the arguments in the class "
     "docstring, the keyword-only fields of :class:`asyncrl.Config` (the defaults shown are "
-    "Config's; where one is not passed, what the env implies applies: continuous actions, "
+    "Config's; where one is not passed, what the env implies applies: continuous or factored actions, "
     "Atari and VizDoom ids, see docs/configuration.md):\n\n" + _config_params_doc())
 
 

@@ -466,6 +466,20 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=512,
                            target_kl=None)
 
+# Factored discrete actions (several choices made together: MultiDiscrete, MultiBinary, a Tuple
+# or Dict of Discretes): ten times the entropy bonus. Some combinations of the parts are often
+# free and do nothing (NASim's exploits whose service and OS match no vulnerability): a policy
+# learns to idle on them before it finds the chain of paid actions that pays off, and keeps its
+# entropy in the parts that no longer matter. NASim small with MultiDiscrete actions, 1M env
+# steps, seeds 0-2: greedy 92.5 x 3 (one host of two) at 0.005, solved at 0.05 (184-185, the
+# target in 175k-183k env steps); NASim tiny-hard's the same (191, 74k-82k against 84k-88k);
+# popgym MineSweeper reached its target at 0.05 too, later (docs/benchmarks/learning-suite.md,
+# "Factored actions").
+FACTORED_DEFAULTS = dict(ent_coef=0.05)
+# The presets an action space implies (ActionDistribution.kind); "categorical" (one Discrete)
+# takes Config's own defaults.
+ACTION_DEFAULTS = {"continuous": CONTINUOUS_DEFAULTS, "factored": FACTORED_DEFAULTS}
+
 
 # With a GPU to learn on, the CPU cores are left to sampling: one rollout worker per core but two
 # (the policy worker's and the learner's processes drive the GPU), and envs per worker (at most
@@ -509,7 +523,7 @@ def _positive_ints(values: list) -> bool:
 
 
 def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = False,
-                  cores: Optional[int] = None, continuous: bool = False,
+                  cores: Optional[int] = None, actions: str = "categorical",
                   multi_agent: bool = False) -> dict:
     """The caller's keywords, over the values that the env ``family`` (``envs.env_family``) and the
     algorithm variant imply: a family gets FAMILY_DEFAULTS[family], "doom" DOOM_DEFAULTS; Atari
@@ -517,13 +531,16 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
     ``num_envs_per_worker``); with a GPU (not ``cpu_only``), ``gpu_layout`` for the cores sets
-    whichever of the two counts is not set; ``continuous`` actions get CONTINUOUS_DEFAULTS;
+    whichever of the two counts is not set; without a family, the kind of ``actions``
+    (``ActionDistribution.kind``) gets its ACTION_DEFAULTS;
     IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
     ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is rounded to a multiple of
     its slot. What the caller sets always wins."""
     atari = family == "atari"
     cores = available_cores() if cores is None else cores
-    preset = dict(FAMILY_DEFAULTS.get(family) or (CONTINUOUS_DEFAULTS if continuous else {}))
+    if actions not in (*ACTION_DEFAULTS, "categorical"):
+        raise ValueError(f"actions={actions!r}: one of {[*ACTION_DEFAULTS, 'categorical']}")
+    preset = dict(FAMILY_DEFAULTS.get(family) or ACTION_DEFAULTS.get(actions, {}))
     if atari and cpu_only and "algo" not in kwargs:
         preset.update(ATARI_CPU_DEFAULTS)
         if "num_workers" not in kwargs and "num_envs_per_worker" not in kwargs and cores <= 2:

@@ -41,6 +41,15 @@ class ActionDistribution(nn.Module):
     mask_size: int = 0      # 0: no part of it can be masked
     discrete: bool = True   # every part discrete: actions stored as int64
 
+    @property
+    def kind(self) -> str:
+        """What the defaults follow (config.ACTION_DEFAULTS): "continuous" (a Box part),
+        "factored" (several discrete choices made together: MultiDiscrete, MultiBinary, a Tuple
+        or Dict of Discretes) or "categorical" (one Discrete)."""
+        if not self.discrete:
+            return "continuous"
+        return "factored" if self.action_size > 1 else "categorical"
+
     def sample(self, params: torch.Tensor, mask: Optional[torch.Tensor],
                deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
         """(actions [N, action_size], log_probs [N])."""

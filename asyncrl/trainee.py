@@ -93,20 +93,20 @@ def own_settings(pid: str, overrides: dict, policy: Any, policy_kwargs: Optional
 
 def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict, run: Settings,
                   lanes: int, policy: Any, policy_kwargs: Optional[dict],
-                  defaults: Callable[[dict, bool], dict], files: PolicyFiles) -> Trainee:
+                  defaults: Callable[[dict, str], dict], files: PolicyFiles) -> Trainee:
     """A trained policy beside others: its config from the run's keywords, the defaults its
     own action space implies (a continuous policy beside a discrete one: CONTINUOUS_DEFAULTS),
-    its own values and its lanes (``defaults(kwargs, continuous)``: the run's
+    its own values and its lanes (``defaults(kwargs, actions)``: the run's
     ``with_defaults``), the run's GRAPH_FIELDS kept; checked. Hyper-parameters its action
     space implies (and the user did not set for the run) become its own."""
     policy, policy_kwargs, own = own_settings(pid, overrides, policy, policy_kwargs)
     values = {k: (schedule_value(k, v, 1.0) if k in MUTABLE_HPARAMS else v) for k, v in own.items()}
-    continuous = not make_distribution(env_spec.action_space).discrete
+    actions = make_distribution(env_spec.action_space).kind
     run_cfg = run.config
     graph = {f: getattr(run_cfg, f) for f in GRAPH_FIELDS}
     try:
         cfg = Config.from_kwargs(defaults({**run_kwargs, **values, "lanes_per_env": lanes, **graph},
-                                          continuous))
+                                          actions))
     except ConfigError as e:
         raise ConfigError(f"policies[{pid!r}]: {e}") from e
     fields = {k: v for k, v in cfg.__dict__.items() if run_cfg.__dict__[k] != v}
@@ -119,7 +119,7 @@ def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict
 
 def build_policies(trained: dict, frozen: dict, run: Settings, files: Dict[str, PolicyFiles],
                    lanes: Dict[str, int], policy: Any, policy_kwargs: Optional[dict], run_kwargs: dict,
-                   defaults: Callable[[dict, bool], dict]) -> tuple:
+                   defaults: Callable[[dict, str], dict]) -> tuple:
     """The model's policies, from ``trained`` and ``frozen`` ({id: (env spec, overrides)}):
     ({id: Trainee}, {frozen id: PolicySpec}, {frozen id: model}). One trained policy's settings
     are the run's; several each have theirs over the run's (``build_trainee``). A frozen policy
@@ -141,8 +141,9 @@ def build_policies(trained: dict, frozen: dict, run: Settings, files: Dict[str, 
 
 
 def run_defaults(family: Optional[str], cpu_only: bool,
-                 multi_agent: bool) -> Callable[[dict, bool], dict]:
-    """kwargs, continuous -> the keywords over the run's implied defaults (config.with_defaults)."""
-    return lambda kwargs, continuous: with_defaults(kwargs, family=family, cpu_only=cpu_only,
-                                                    continuous=continuous, multi_agent=multi_agent)
+                 multi_agent: bool) -> Callable[[dict, str], dict]:
+    """kwargs, the action space's kind (ActionDistribution.kind) -> the keywords over the run's
+    implied defaults (config.with_defaults)."""
+    return lambda kwargs, actions: with_defaults(kwargs, family=family, cpu_only=cpu_only,
+                                                 actions=actions, multi_agent=multi_agent)
 

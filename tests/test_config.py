@@ -170,6 +170,13 @@ def test_box_action_space_gets_the_continuous_defaults_and_keywords_win():
     assert cartpole.normalize_obs and cartpole.learning_rate == Config.learning_rate
 
 
+def test_multidiscrete_actions_get_the_factored_defaults_and_keywords_win():
+    import space_envs
+    from asyncrl.config import FACTORED_DEFAULTS
+    assert make(space_envs.copy_env).config.ent_coef == FACTORED_DEFAULTS["ent_coef"]
+    assert make(space_envs.copy_env, ent_coef=0.01).config.ent_coef == 0.01
+
+
 def test_dict_observation_space_accepted():
     model = make(custom_envs.dict_obs_env)
     action, _ = model.predict({"pos": np.zeros(2, np.float32)})

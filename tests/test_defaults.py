@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.config import CONTINUOUS_DEFAULTS, Config, with_defaults
+from asyncrl.config import ACTION_DEFAULTS, CONTINUOUS_DEFAULTS, FACTORED_DEFAULTS, Config, with_defaults
+from asyncrl.distributions import make_distribution
 from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
 
@@ -18,17 +19,40 @@ CONFIG_DOC = (pathlib.Path(__file__).parent.parent / "docs" / "configuration.md"
 
 
 def test_continuous_actions_get_the_continuous_preset_and_keywords_win():
-    assert with_defaults({}, continuous=True) == CONTINUOUS_DEFAULTS
-    out = with_defaults({"learning_rate": 1e-3}, continuous=True)
+    assert with_defaults({}, actions="continuous") == CONTINUOUS_DEFAULTS
+    out = with_defaults({"learning_rate": 1e-3}, actions="continuous")
     assert out["learning_rate"] == 1e-3 and out["num_epochs"] == CONTINUOUS_DEFAULTS["num_epochs"]
 
 
 def test_discrete_actions_take_the_config_defaults():
-    assert with_defaults({}, continuous=False) == {}
+    assert with_defaults({}, actions="categorical") == {}
     cfg = Config()
     # the discount and trace lambda of SB3's, CleanRL's and Sample Factory's PPO (the suite's
     # evidence is in docs/benchmarks/learning-suite.md)
     assert (cfg.gamma, cfg.vtrace_lambda, cfg.normalize_returns) == (0.99, 0.95, True)
+
+
+@pytest.mark.parametrize("space, kind", [
+    (gym.spaces.Discrete(4), "categorical"),
+    (gym.spaces.MultiDiscrete([5]), "categorical"),  # one choice, however it is spelt
+    (gym.spaces.MultiDiscrete([6, 4, 5, 3, 3, 2]), "factored"),  # NASim's parameterised actions
+    (gym.spaces.MultiBinary(3), "factored"),
+    (gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(2))), "factored"),
+    (gym.spaces.Box(-1, 1, (2,)), "continuous"),
+    (gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (1,)))), "continuous"),
+])
+def test_the_action_space_decides_which_preset_applies(space, kind):
+    assert make_distribution(space).kind == kind
+    assert with_defaults({}, actions=kind) == ACTION_DEFAULTS.get(kind, {})
+
+
+def test_factored_actions_get_the_larger_entropy_bonus_and_keywords_win():
+    assert with_defaults({}, actions="factored")["ent_coef"] > Config.ent_coef
+    assert with_defaults({"ent_coef": 0.0}, actions="factored")["ent_coef"] == 0.0
+    # a family's preset is the family's, whatever its action space
+    assert with_defaults({}, family="doom", actions="factored")["ent_coef"] == 0.001
+    with pytest.raises(ValueError, match="actions='multi'"):
+        with_defaults({}, actions="multi")
 
 
 def test_atari_keeps_its_measured_preset_and_doom_its_return_normalisation():
@@ -43,9 +67,12 @@ def test_readme_configuration_table_matches_the_code():
 
 
 def test_readme_table_of_implied_defaults_matches_the_code():
-    for key, value in CONTINUOUS_DEFAULTS.items():
-        row = f"| continuous actions (a `Box` in the action space) | `{key}` | `{value!r}` |"
-        assert row in CONFIG_DOC, f"docs/configuration.md's implied-defaults table lacks or misstates: {row}"
+    rows = [f"| continuous actions (a `Box` in the action space) | `{key}` | `{value!r}` |"
+            for key, value in CONTINUOUS_DEFAULTS.items()]
+    rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "
+             f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
+    missing = [row for row in rows if row not in CONFIG_DOC]
+    assert not missing, f"docs/configuration.md's implied-defaults table lacks or misstates: {missing}"
 
 
 def grid_space():
