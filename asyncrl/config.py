@@ -472,9 +472,9 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
 # learns to idle on them before it finds the chain of paid actions that pays off, and keeps its
 # entropy in the parts that no longer matter. NASim small with MultiDiscrete actions, 1M env
 # steps, seeds 0-2: greedy 92.5 x 3 (one host of two) at 0.005, solved at 0.05 (184-185, the
-# target in 175k-183k env steps); NASim tiny-hard's the same (191, 74k-82k against 84k-88k);
-# popgym MineSweeper reached its target at 0.05 too, later (docs/benchmarks/learning-suite.md,
-# "Factored actions").
+# target in 194k-231k env steps); NASim tiny-hard's form learns either way (191 x 3; target in
+# 84k-88k env steps at 0.05, 74k-82k at 0.005); popgym MineSweeper reaches its target at 0.05
+# too, in 1.6x the time (docs/benchmarks/learning-suite.md, "Factored actions").
 FACTORED_DEFAULTS = dict(ent_coef=0.05)
 # The presets an action space implies (ActionDistribution.kind); "categorical" (one Discrete)
 # takes Config's own defaults.
