@@ -478,7 +478,7 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
 FACTORED_DEFAULTS = dict(ent_coef=0.05)
 # The presets an action space implies (ActionDistribution.kind); "categorical" (one Discrete)
 # takes Config's own defaults.
-ACTION_DEFAULTS = {"continuous": CONTINUOUS_DEFAULTS, "factored": FACTORED_DEFAULTS}
+ACTION_DEFAULTS = {"categorical": {}, "continuous": CONTINUOUS_DEFAULTS, "factored": FACTORED_DEFAULTS}
 
 
 # With a GPU to learn on, the CPU cores are left to sampling: one rollout worker per core but two
@@ -538,9 +538,9 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     its slot. What the caller sets always wins."""
     atari = family == "atari"
     cores = available_cores() if cores is None else cores
-    if actions not in (*ACTION_DEFAULTS, "categorical"):
-        raise ValueError(f"actions={actions!r}: one of {[*ACTION_DEFAULTS, 'categorical']}")
-    preset = dict(FAMILY_DEFAULTS.get(family) or ACTION_DEFAULTS.get(actions, {}))
+    if actions not in ACTION_DEFAULTS:
+        raise ValueError(f"actions={actions!r}: one of {list(ACTION_DEFAULTS)}")
+    preset = dict(FAMILY_DEFAULTS.get(family) or ACTION_DEFAULTS[actions])
     if atari and cpu_only and "algo" not in kwargs:
         preset.update(ATARI_CPU_DEFAULTS)
         if "num_workers" not in kwargs and "num_envs_per_worker" not in kwargs and cores <= 2:
