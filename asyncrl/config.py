@@ -458,12 +458,18 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # Continuous actions (a Box, alone or in a Tuple/Dict): after CleanRL's ppo_continuous_action and
 # Sample Factory's MuJoCo preset: lr 3e-4, clip 0.2, no entropy bonus, 10 epochs (their gamma
 # 0.99, lambda 0.95, return and observation normalisation are every env's defaults now).
-# Asynchronous (APPO, V-trace) with minibatches of 512 rather than their synchronous PPO: on two
-# cores it trained faster and learned as well or better (docs/benchmarks/measured.md, "Continuous
-# control"). No target_kl: the presets (this, Atari's, VizDoom's) keep the settings they were
+# Asynchronous (APPO, V-trace): on two cores it trained faster than their synchronous PPO
+# (docs/benchmarks/measured.md, "Continuous control"). Minibatches of 128: 80 gradient steps per
+# 1,024-sample batch (SB3's and CleanRL's defaults take 320 per 2,048); the 20 of minibatches of
+# 512 left HalfCheetah at ~1,700 where SB3's defaults reach 2,445 (median of 3 seeds). Seeds 0-2,
+# one job at a time, 2026-11-28, 128 against 512: HalfCheetah greedy 4,410 median against 1,683,
+# 1,500 in 68-81 s against never; Pendulum -200 in 3/3 seeds (20-22 s) against 1/3;
+# LunarLanderContinuous 200 in 2/3 against 0/3; Walker2d and Hopper level in score, their easy
+# targets ~1.3x later (docs/benchmarks/learning-suite.md, "Continuous control"). Env steps/s fall
+# where the learner is the bottleneck (HalfCheetah 6,640 against 9,989). No target_kl: the presets (this, Atari's, VizDoom's) keep the settings they were
 # measured with.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
-                           vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=512,
+                           vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=128,
                            target_kl=None)
 
 # Factored discrete actions (several choices made together: MultiDiscrete, MultiBinary, a Tuple
