@@ -462,12 +462,12 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # (docs/benchmarks/measured.md, "Continuous control"). Minibatches of 128: 80 gradient steps per
 # 1,024-sample batch (SB3's and CleanRL's defaults take 320 per 2,048); the 20 of minibatches of
 # 512 left HalfCheetah at ~1,700 where SB3's defaults reach 2,445 (median of 3 seeds). Seeds 0-2,
-# one job at a time, 2026-11-28, 128 against 512: HalfCheetah greedy 4,410 median against 1,683,
-# 1,500 in 68-81 s against never; Pendulum -200 in 3/3 seeds (20-22 s) against 1/3;
-# LunarLanderContinuous 200 in 2/3 against 0/3; Walker2d and Hopper level in score, their easy
-# targets ~1.3x later (docs/benchmarks/learning-suite.md, "Continuous control"). Env steps/s fall
-# where the learner is the bottleneck (HalfCheetah 6,640 against 9,989). No target_kl: the presets (this, Atari's, VizDoom's) keep the settings they were
-# measured with.
+# one job at a time, 2026-11-28, 128 against 512: HalfCheetah greedy median 4,410 against 1,683,
+# 1,500 at 441k-564k env steps (68-81 s) against 820k-987k or never; Pendulum -200 in 3/3 seeds
+# against 1/3; LunarLanderContinuous 200 in 2/3 against 0/3; Walker2d and Hopper level in score,
+# their low targets 1.3-1.4x later (docs/benchmarks/learning-suite.md, "Continuous control").
+# Env steps/s fall where the learner is the bottleneck (HalfCheetah 6,640 against 9,989). No
+# target_kl: the presets (this, Atari's, VizDoom's) keep the settings they were measured with.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=128,
                            target_kl=None)
