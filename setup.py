@@ -27,7 +27,7 @@ setup(
         "doom": ["vizdoom>=1.2", "opencv-python-headless>=4.5"],  # Vizdoom* ids (envs/doom.py)
         "multiagent": ["pettingzoo>=1.24", "mpe2>=1.0"],  # ParallelEnvs; MPE2 in benchmarks/
         "mujoco": ["gymnasium[mujoco]>=1.0"],  # HalfCheetah-v5 etc. (benchmarks/continuous_control.py)
-        "box2d": ["gymnasium[box2d]>=1.0"],  # LunarLander(Continuous), BipedalWalker (the suite)
+        "box2d": ["gymnasium[box2d]>=1.0"],  # LunarLanderContinuous-v3 (benchmarks/learning_suite.py)
         "sb3": ["stable-baselines3>=2.3"],  # get_env(), SB3 callbacks in learn()
         "ray": ["ray>=2.9"],                # asyncrl.pbt on a Ray cluster
         # model.export / asyncrl export to ONNX (TorchScript needs nothing more)
