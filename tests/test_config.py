@@ -163,7 +163,7 @@ def test_box_action_space_gets_the_continuous_defaults_and_keywords_win():
     model = make(custom_envs.box_action_env)
     assert model.config.normalize_obs and model.config.normalize_returns
     assert model.config.learning_rate == 3e-4 and model.config.gamma == 0.99
-    assert model.config.minibatch_size == 128 and model.config.num_epochs == 10
+    assert model.config.minibatch_size == 256 and model.config.num_epochs == 10
     tuned = make(custom_envs.box_action_env, learning_rate=1e-3, normalize_obs=False).config
     assert tuned.learning_rate == 1e-3 and not tuned.normalize_obs and tuned.gamma == 0.99
     cartpole = make(custom_envs.cartpole).config  # discrete actions: the Config defaults
