@@ -466,10 +466,10 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # Seeds 0-2, one job at a time, 2026-11-28 (docs/benchmarks/learning-suite.md, "Continuous
 # control"), 256 against 128: greedy median Hopper 3,530 against 2,990 (2,140 the same hour),
 # Walker2d 3,540 against 3,100, LunarLanderContinuous 228 (200 in 3/3 seeds) against 207 (2/3),
-# Pendulum -200 in 12-13 s against 20-22 s, every low target sooner (Walker2d 57 s against 117 s,
+# Pendulum -200 in 11-14 s against 20-22 s, every low target sooner (Walker2d 57 s against 117 s,
 # Hopper 28 s against 53 s); HalfCheetah ends lower (1,950 against 3,530, medians of 5 seeds, its
 # outcomes bimodal either way), 1,500 as soon (51-84 s against 68-87 s). Minibatches of 64
-# collapsed on Hopper (greedy 66-1,540). Env steps/s rise by half where the learner is the
+# collapsed on Hopper (greedy 66-1,540). Env steps/s rise by 44-109% where the learner is the
 # bottleneck (HalfCheetah 9,858 against 6,669). No target_kl: the presets (this, Atari's,
 # VizDoom's) keep the settings they were measured with.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
