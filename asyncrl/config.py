@@ -460,18 +460,12 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # 0.99, lambda 0.95, return and observation normalisation are every env's defaults now).
 # Asynchronous (APPO, V-trace): on two cores it trained faster than their synchronous PPO
 # (docs/benchmarks/measured.md, "Continuous control"). Minibatches of 256: 40 gradient steps per
-# 1,024-sample batch (SB3's and CleanRL's defaults take 320 per 2,048). The 20 of minibatches of
-# 512 left HalfCheetah at ~1,700 where SB3's defaults reach 2,445 (median of 3 seeds); 128 (80
-# steps, the preset from the morning of 2026-11-28) fixed HalfCheetah but left Hopper below SB3.
-# Seeds 0-2, one job at a time, 2026-11-28 (docs/benchmarks/learning-suite.md, "Continuous
-# control"), 256 against 128: greedy median Hopper 3,530 against 2,990 (2,140 the same hour),
-# Walker2d 3,540 against 3,100, LunarLanderContinuous 228 (200 in 3/3 seeds) against 207 (2/3),
-# Pendulum -200 in 11-14 s against 20-22 s, every low target sooner (Walker2d 57 s against 117 s,
-# Hopper 28 s against 53 s); HalfCheetah ends lower (1,950 against 3,530, medians of 5 seeds, its
-# outcomes bimodal either way), 1,500 as soon (51-84 s against 68-87 s). Minibatches of 64
-# collapsed on Hopper (greedy 66-1,540). Env steps/s rise by 44-109% where the learner is the
-# bottleneck (HalfCheetah 9,858 against 6,669). No target_kl: the presets (this, Atari's,
-# VizDoom's) keep the settings they were measured with.
+# 1,024-sample batch (SB3's and CleanRL's defaults take 320 per 2,048). Measured on 2026-11-28
+# against 512 (20 steps: HalfCheetah stalled near 1,700), 128 (80 steps: Hopper below SB3) and 64
+# (collapsed on Hopper): 256 ended higher than 128 on Hopper, Walker2d and LunarLanderContinuous,
+# reached every training target sooner, and ended lower on HalfCheetah (bimodal outcomes either
+# way); figures per seed in docs/benchmarks/learning-suite.md, "Continuous control". No
+# target_kl: the presets (this, Atari's, VizDoom's) keep the settings they were measured with.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=256,
                            target_kl=None)
