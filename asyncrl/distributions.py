@@ -28,6 +28,14 @@ TORCH_FLOATS = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch
                 np.dtype(np.float64): torch.float64}
 MASKED_LOGIT = -1e8  # not -inf: 0 * -inf is NaN in the entropy
 LOG_2PI = math.log(2 * math.pi)
+# The Gaussian's initial log std where policy_kwargs give no log_std_init: -0.5, std 0.61 in the
+# action's units (SB3's and CleanRL's 0: std 1). With std 1, HalfCheetah's runs split between a
+# running gait and a stall near 1,500-1,950 (3 of 5 seeds stalled); less noise at the start made
+# the running gait the common outcome (4,950 median of 5 seeds at -0.5, 6,434 at -1) while
+# Walker2d, LunarLanderContinuous and Pendulum held or gained and Hopper stayed level with the
+# defaults of the same hour; -1 cost Hopper (docs/benchmarks/learning-suite.md, "Initial action
+# noise").
+LOG_STD_INIT = -0.5
 
 
 def _gumbel_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -143,7 +151,7 @@ class MultiCategorical(ActionDistribution):
 
 
 class DiagGaussian(ActionDistribution):
-    def __init__(self, space: gym.spaces.Box, log_std_init: float = 0.0):
+    def __init__(self, space: gym.spaces.Box, log_std_init: float = LOG_STD_INIT):
         super().__init__()
         self.shape, self.dtype = space.shape, space.dtype
         self.param_size = self.action_size = int(np.prod(space.shape))
@@ -243,7 +251,7 @@ def mask_sizes(dist: ActionDistribution) -> List[int]:
     return []
 
 
-def make_distribution(space: gym.Space, log_std_init: float = 0.0, _key: str = "action") -> ActionDistribution:
+def make_distribution(space: gym.Space, log_std_init: float = LOG_STD_INIT, _key: str = "action") -> ActionDistribution:
     """The distribution of an action space; unsupported spaces raise, naming what to use."""
     if isinstance(space, gym.spaces.Discrete):
         return Categorical(space.n, space.start)

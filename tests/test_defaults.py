@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asyncrl.config import ACTION_DEFAULTS, CONTINUOUS_DEFAULTS, FACTORED_DEFAULTS, Config, with_defaults
-from asyncrl.distributions import make_distribution
+from asyncrl.distributions import LOG_STD_INIT, make_distribution
 from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
 
@@ -46,6 +46,17 @@ def test_the_action_space_decides_which_preset_applies(space, kind):
     assert with_defaults({}, actions=kind) == ACTION_DEFAULTS.get(kind, {})
 
 
+def test_a_gaussian_starts_with_the_measured_noise_and_policy_kwargs_win():
+    obs, box = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (3,))
+    # std 0.61, not SB3's 1 (HalfCheetah's runs stalled at std 1: docs/benchmarks/learning-suite.md)
+    assert LOG_STD_INIT == -0.5
+    assert torch.equal(ActorCritic.from_spaces(obs, box).dist.log_std.detach(), torch.full((3,), -0.5))
+    hybrid = gym.spaces.Tuple((gym.spaces.Discrete(2), box))  # a Box inside a Tuple too
+    assert torch.equal(make_distribution(hybrid).parts[1].log_std.detach(), torch.full((3,), -0.5))
+    own = ActorCritic.from_spaces(obs, box, log_std_init=0.0)
+    assert torch.equal(own.dist.log_std.detach(), torch.zeros(3))
+
+
 def test_factored_actions_get_the_larger_entropy_bonus_and_keywords_win():
     assert with_defaults({}, actions="factored")["ent_coef"] > Config.ent_coef
     assert with_defaults({"ent_coef": 0.0}, actions="factored")["ent_coef"] == 0.0
@@ -69,6 +80,8 @@ def test_readme_configuration_table_matches_the_code():
 def test_readme_table_of_implied_defaults_matches_the_code():
     rows = [f"| continuous actions (a `Box` in the action space) | `{key}` | `{value!r}` |"
             for key, value in CONTINUOUS_DEFAULTS.items()]
+    rows.append(f"| continuous actions (a `Box` in the action space) | `policy_kwargs` `log_std_init` "
+                f"(the Gaussian's initial log std) | `{LOG_STD_INIT!r}` |")
     rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "
              f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
     missing = [row for row in rows if row not in CONFIG_DOC]
