@@ -28,13 +28,15 @@ TORCH_FLOATS = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch
                 np.dtype(np.float64): torch.float64}
 MASKED_LOGIT = -1e8  # not -inf: 0 * -inf is NaN in the entropy
 LOG_2PI = math.log(2 * math.pi)
-# The Gaussian's initial log std where policy_kwargs give no log_std_init: -0.5, std 0.61 in the
-# action's units (SB3's and CleanRL's 0: std 1). With std 1, HalfCheetah's runs split between a
-# running gait and a stall near 1,500-1,950 (3 of 5 seeds stalled); less noise at the start made
-# the running gait the common outcome (4,950 median of 5 seeds at -0.5, 6,434 at -1) while
-# Walker2d, LunarLanderContinuous and Pendulum held or gained and Hopper stayed level with the
-# defaults of the same hour; -1 cost Hopper (docs/benchmarks/learning-suite.md, "Initial action
-# noise").
+# The Gaussian's initial log std where policy_kwargs give no log_std_init: -0.5 in units of each
+# bounded dimension's half range, std 0.61 for MuJoCo's and Box2D's [-1, 1], 1.21 for Pendulum's
+# [-2, 2] (SB3's and CleanRL's 0: std 1 in the env's units, whatever its range). With std 1,
+# HalfCheetah's runs split between a running gait and a stall near 1,500-1,950 (3 of 5 seeds
+# stalled); less noise at the start made the running gait the common outcome (4,950 median of 5
+# seeds at -0.5, 6,434 at -1) while Walker2d and LunarLanderContinuous held or gained and Hopper
+# stayed level with std 1 the same hour; -1 cost Hopper. Pendulum needed the range: std 0.61 left
+# it below -200 at 200k env steps in 3 of 3 seeds, std 1.21 reached it in 139k-155k
+# (docs/benchmarks/learning-suite.md, "Initial action noise").
 LOG_STD_INIT = -0.5
 
 
@@ -151,15 +153,23 @@ class MultiCategorical(ActionDistribution):
 
 
 class DiagGaussian(ActionDistribution):
-    def __init__(self, space: gym.spaces.Box, log_std_init: float = LOG_STD_INIT):
+    def __init__(self, space: gym.spaces.Box, log_std_init: Optional[float] = None):
+        """``log_std_init``: the initial log std of every dimension, in the env's units (SB3's
+        meaning); None: LOG_STD_INIT in units of each dimension's half range where both bounds
+        are finite (LOG_STD_INIT itself where they are not)."""
         super().__init__()
         self.shape, self.dtype = space.shape, space.dtype
         self.param_size = self.action_size = int(np.prod(space.shape))
         self.discrete = False
-        self.log_std = nn.Parameter(torch.full((self.action_size,), float(log_std_init)))
         bounded = np.isfinite(space.low).any() or np.isfinite(space.high).any()
         self.low = space.low.reshape(-1).astype(np.float32) if bounded else None  # +-inf: no clip
         self.high = space.high.reshape(-1).astype(np.float32) if bounded else None
+        init = np.full(self.action_size, LOG_STD_INIT if log_std_init is None else float(log_std_init))
+        if log_std_init is None and bounded:
+            half = (self.high.astype(np.float64) - self.low) / 2
+            ranged = np.isfinite(half) & (half > 0)
+            init[ranged] += np.log(half[ranged])
+        self.log_std = nn.Parameter(torch.as_tensor(init, dtype=torch.float32))
 
     def sample(self, params, mask, deterministic=False):
         if deterministic:
@@ -251,7 +261,7 @@ def mask_sizes(dist: ActionDistribution) -> List[int]:
     return []
 
 
-def make_distribution(space: gym.Space, log_std_init: float = LOG_STD_INIT, _key: str = "action") -> ActionDistribution:
+def make_distribution(space: gym.Space, log_std_init: Optional[float] = None, _key: str = "action") -> ActionDistribution:
     """The distribution of an action space; unsupported spaces raise, naming what to use."""
     if isinstance(space, gym.spaces.Discrete):
         return Categorical(space.n, space.start)

@@ -17,7 +17,8 @@ module buffers, so they travel with the weights to policy workers and checkpoint
 ``policy_kwargs`` take Stable-Baselines3's spelling: ``net_arch``, ``activation_fn``,
 ``features_extractor_class`` (+ ``features_extractor_kwargs``: an SB3 ``BaseFeaturesExtractor``
 works unchanged, given SB3-preprocessed inputs), ``share_features_extractor``, ``log_std_init``
-(a Gaussian's initial log std; default ``distributions.LOG_STD_INIT``, -0.5, where SB3's is 0),
+(a Gaussian's initial log std; default: ``distributions.LOG_STD_INIT``, -0.5, in units of each
+dimension's half range, where SB3's is 0),
 ``ortho_init``. A whole network is ``policy=cls``: ``cls(observation_space, action_space,
 param_size, **policy_kwargs)`` whose ``forward(obs)`` returns ``(params [N, param_size],
 values [N])`` from SB3-preprocessed observations; the distribution and normalisers stay ours.
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 from . import pickling
 from .config import Config, ConfigError
-from .distributions import LOG_STD_INIT, make_distribution
+from .distributions import make_distribution
 from .encoders import (RunningNorm, init_layer, image_encoder, mlp, normalized_keys, flat_width,
                        preprocess_leaf, sb3_space)
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
@@ -70,7 +71,7 @@ class ActorCritic(nn.Module):
         env = spec.env
         self.keys, self.bare = list(env.leaves), env.bare
         self.spaces = [env.leaves[k][1] for k in self.keys]
-        self.dist = make_distribution(env.action_space, kw.get("log_std_init", LOG_STD_INIT))
+        self.dist = make_distribution(env.action_space, kw.get("log_std_init"))
         self.norm_keys = normalized_keys(env) if cfg.normalize_obs else []
         self.obs_norm = nn.ModuleList([RunningNorm((int(np.prod(env.leaves[k][1].shape)),))
                                        for k in self.norm_keys])

@@ -46,14 +46,21 @@ def test_the_action_space_decides_which_preset_applies(space, kind):
     assert with_defaults({}, actions=kind) == ACTION_DEFAULTS.get(kind, {})
 
 
-def test_a_gaussian_starts_with_the_measured_noise_and_policy_kwargs_win():
+def test_a_gaussian_starts_with_the_measured_noise_scaled_to_the_range_and_policy_kwargs_win():
     obs, box = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (3,))
-    # std 0.61, not SB3's 1 (HalfCheetah's runs stalled at std 1: docs/benchmarks/learning-suite.md)
+    # std 0.61 of the half range, not SB3's 1 (HalfCheetah's runs stalled at std 1, Pendulum's
+    # [-2, 2] needed the range: docs/benchmarks/learning-suite.md)
     assert LOG_STD_INIT == -0.5
     assert torch.equal(ActorCritic.from_spaces(obs, box).dist.log_std.detach(), torch.full((3,), -0.5))
     hybrid = gym.spaces.Tuple((gym.spaces.Discrete(2), box))  # a Box inside a Tuple too
     assert torch.equal(make_distribution(hybrid).parts[1].log_std.detach(), torch.full((3,), -0.5))
-    own = ActorCritic.from_spaces(obs, box, log_std_init=0.0)
+    # per dimension: Pendulum's [-2, 2], a dimension fixed by its bounds, one unbounded side, none
+    mixed = gym.spaces.Box(np.array([-2.0, 3.0, 0.0, -np.inf], np.float32),
+                           np.array([2.0, 3.0, np.inf, np.inf], np.float32))
+    stds = make_distribution(mixed).log_std.detach().exp().numpy()
+    np.testing.assert_allclose(stds, [2 * np.exp(-0.5), np.exp(-0.5), np.exp(-0.5), np.exp(-0.5)], rtol=1e-6)
+    # a log_std_init the user gives is in the env's units (SB3's meaning), whatever the range
+    own = ActorCritic.from_spaces(obs, gym.spaces.Box(-2, 2, (3,)), log_std_init=0.0)
     assert torch.equal(own.dist.log_std.detach(), torch.zeros(3))
 
 
@@ -81,7 +88,9 @@ def test_readme_table_of_implied_defaults_matches_the_code():
     rows = [f"| continuous actions (a `Box` in the action space) | `{key}` | `{value!r}` |"
             for key, value in CONTINUOUS_DEFAULTS.items()]
     rows.append(f"| continuous actions (a `Box` in the action space) | `policy_kwargs` `log_std_init` "
-                f"(the Gaussian's initial log std) | `{LOG_STD_INIT!r}` |")
+                f"(the Gaussian's initial log std, in units of each bounded dimension's half range: "
+                f"std 0.61 for [-1, 1], 1.21 for [-2, 2]; a value you give is in the env's units, as "
+                f"in SB3) | `{LOG_STD_INIT!r}` |")
     rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "
              f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
     missing = [row for row in rows if row not in CONFIG_DOC]
