@@ -466,7 +466,8 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # reached every training target sooner, and ended lower on HalfCheetah (bimodal outcomes either
 # way); figures per seed in docs/benchmarks/learning-suite.md, "Continuous control". No
 # target_kl: the presets (this, Atari's, VizDoom's) keep the settings they were measured with.
-# The Gaussian's initial std (0.61, not 1) is the distribution's: distributions.LOG_STD_INIT.
+# The Gaussian's initial std (0.61 of each dimension's half range; SB3's 1) is the distribution's:
+# distributions.LOG_STD_INIT.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=256,
                            target_kl=None)

@@ -38,6 +38,9 @@ LOG_2PI = math.log(2 * math.pi)
 # it below -200 at 200k env steps in 3 of 3 seeds, std 1.21 reached it in 139k-155k
 # (docs/benchmarks/learning-suite.md, "Initial action noise").
 LOG_STD_INIT = -0.5
+# A bound this far from 0 stands in for none (Box(-np.finfo(np.float32).max, ...)): such a
+# dimension starts at LOG_STD_INIT itself, not at a std of ~1e38.
+UNBOUNDED = 1e10
 
 
 def _gumbel_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -156,7 +159,7 @@ class DiagGaussian(ActionDistribution):
     def __init__(self, space: gym.spaces.Box, log_std_init: Optional[float] = None):
         """``log_std_init``: the initial log std of every dimension, in the env's units (SB3's
         meaning); None: LOG_STD_INIT in units of each dimension's half range where both bounds
-        are finite (LOG_STD_INIT itself where they are not)."""
+        are finite and within UNBOUNDED of 0 (LOG_STD_INIT itself where they are not)."""
         super().__init__()
         self.shape, self.dtype = space.shape, space.dtype
         self.param_size = self.action_size = int(np.prod(space.shape))
@@ -167,7 +170,7 @@ class DiagGaussian(ActionDistribution):
         init = np.full(self.action_size, LOG_STD_INIT if log_std_init is None else float(log_std_init))
         if log_std_init is None and bounded:
             half = (self.high.astype(np.float64) - self.low) / 2
-            ranged = np.isfinite(half) & (half > 0)
+            ranged = (half > 0) & (np.abs(self.low) < UNBOUNDED) & (np.abs(self.high) < UNBOUNDED)
             init[ranged] += np.log(half[ranged])
         self.log_std = nn.Parameter(torch.as_tensor(init, dtype=torch.float32))
 

@@ -54,11 +54,13 @@ def test_a_gaussian_starts_with_the_measured_noise_scaled_to_the_range_and_polic
     assert torch.equal(ActorCritic.from_spaces(obs, box).dist.log_std.detach(), torch.full((3,), -0.5))
     hybrid = gym.spaces.Tuple((gym.spaces.Discrete(2), box))  # a Box inside a Tuple too
     assert torch.equal(make_distribution(hybrid).parts[1].log_std.detach(), torch.full((3,), -0.5))
-    # per dimension: Pendulum's [-2, 2], a dimension fixed by its bounds, one unbounded side, none
-    mixed = gym.spaces.Box(np.array([-2.0, 3.0, 0.0, -np.inf], np.float32),
-                           np.array([2.0, 3.0, np.inf, np.inf], np.float32))
+    # per dimension: Pendulum's [-2, 2], a dimension fixed by its bounds, one unbounded side, none,
+    # and float32's largest value standing in for no bound
+    big = np.finfo(np.float32).max
+    mixed = gym.spaces.Box(np.array([-2.0, 3.0, 0.0, -np.inf, -big], np.float32),
+                           np.array([2.0, 3.0, np.inf, np.inf, big], np.float32))
     stds = make_distribution(mixed).log_std.detach().exp().numpy()
-    np.testing.assert_allclose(stds, [2 * np.exp(-0.5), np.exp(-0.5), np.exp(-0.5), np.exp(-0.5)], rtol=1e-6)
+    np.testing.assert_allclose(stds, [2 * np.exp(-0.5)] + [np.exp(-0.5)] * 4, rtol=1e-6)
     # a log_std_init the user gives is in the env's units (SB3's meaning), whatever the range
     own = ActorCritic.from_spaces(obs, gym.spaces.Box(-2, 2, (3,)), log_std_init=0.0)
     assert torch.equal(own.dist.log_std.detach(), torch.zeros(3))
