@@ -168,10 +168,10 @@ class DiagGaussian(ActionDistribution):
         self.low = space.low.reshape(-1).astype(np.float32) if bounded else None  # +-inf: no clip
         self.high = space.high.reshape(-1).astype(np.float32) if bounded else None
         init = np.full(self.action_size, LOG_STD_INIT if log_std_init is None else float(log_std_init))
-        if log_std_init is None and bounded:
-            half = (self.high.astype(np.float64) - self.low) / 2
-            ranged = (half > 0) & (np.abs(self.low) < UNBOUNDED) & (np.abs(self.high) < UNBOUNDED)
-            init[ranged] += np.log(half[ranged])
+        if log_std_init is None:  # a share of each dimension's range, where it has one
+            low, high = (b.reshape(-1).astype(np.float64) for b in (space.low, space.high))
+            ranged = (high > low) & (np.abs(low) < UNBOUNDED) & (np.abs(high) < UNBOUNDED)
+            init[ranged] += np.log((high[ranged] - low[ranged]) / 2)
         self.log_std = nn.Parameter(torch.as_tensor(init, dtype=torch.float32))
 
     def sample(self, params, mask, deterministic=False):

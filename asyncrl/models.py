@@ -19,8 +19,8 @@ module buffers, so they travel with the weights to policy workers and checkpoint
 works unchanged, given SB3-preprocessed inputs), ``share_features_extractor``, ``log_std_init``
 (a Gaussian's initial log std; default: ``distributions.LOG_STD_INIT``, -0.5, in units of each
 dimension's half range, where SB3's is 0), ``ortho_init``. A whole network is ``policy=cls``:
-``cls(observation_space, action_space, param_size, **policy_kwargs)`` whose ``forward(obs)`` returns ``(params [N, param_size],
-values [N])`` from SB3-preprocessed observations; the distribution and normalisers stay ours.
+``cls(observation_space, action_space, param_size, **policy_kwargs)`` whose ``forward(obs)``
+returns ``(params [N, param_size], values [N])`` from SB3-preprocessed observations; the distribution and normalisers stay ours.
 """
 from __future__ import annotations
 
