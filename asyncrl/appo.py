@@ -130,7 +130,8 @@ class APPO:
         kwargs.update({k: schedule_value(k, v, 1.0) for k, v in schedules.items()})
         device = kwargs.get("device", Config.device)
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-        defaults = run_defaults(env_family(env), cpu_only, multi_agent=self.agents is not None)
+        defaults = run_defaults(env_family(env), cpu_only, multi_agent=self.agents is not None,
+                                turn_based=env_spec.turn_based)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
         cfg = Config.from_kwargs(defaults(kwargs, make_distribution(self.action_space).kind))
         if cfg.seed is None:

@@ -141,9 +141,10 @@ def build_policies(trained: dict, frozen: dict, run: Settings, files: Dict[str, 
 
 
 def run_defaults(family: Optional[str], cpu_only: bool,
-                 multi_agent: bool) -> Callable[[dict, str], dict]:
+                 multi_agent: bool, turn_based: bool) -> Callable[[dict, str], dict]:
     """kwargs, the action space's kind (ActionDistribution.kind) -> the keywords over the run's
     implied defaults (config.with_defaults)."""
     return lambda kwargs, actions: with_defaults(kwargs, family=family, cpu_only=cpu_only,
-                                                 actions=actions, multi_agent=multi_agent)
+                                                 actions=actions, multi_agent=multi_agent,
+                                                 turn_based=turn_based)
 

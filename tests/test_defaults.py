@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.config import ACTION_DEFAULTS, CONTINUOUS_DEFAULTS, FACTORED_DEFAULTS, Config, with_defaults
+from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_DEFAULTS, FACTORED_DEFAULTS, TURN_BASED_DEFAULTS, Config,
+                            with_defaults)
 from asyncrl.distributions import LOG_STD_INIT, make_distribution
 from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
@@ -75,6 +76,14 @@ def test_factored_actions_get_the_larger_entropy_bonus_and_keywords_win():
         with_defaults({}, actions="multi")
 
 
+def test_a_turn_based_game_gets_its_entropy_bonus_over_the_action_spaces_preset_and_keywords_win():
+    assert with_defaults({}, turn_based=True)["ent_coef"] == TURN_BASED_DEFAULTS["ent_coef"] > Config.ent_coef
+    assert with_defaults({"ent_coef": 0.0}, turn_based=True)["ent_coef"] == 0.0
+    assert with_defaults({}, actions="factored", turn_based=True)["ent_coef"] == TURN_BASED_DEFAULTS["ent_coef"]
+    continuous = with_defaults({}, actions="continuous", turn_based=True)
+    assert continuous["num_epochs"] == CONTINUOUS_DEFAULTS["num_epochs"]  # the rest of the preset stays
+
+
 def test_atari_keeps_its_measured_preset_and_doom_its_return_normalisation():
     atari, doom = with_defaults({}, family="atari"), with_defaults({}, family="doom")
     assert atari["normalize_returns"] is False and atari["reward_clip"] == 1.0
@@ -95,6 +104,8 @@ def test_readme_table_of_implied_defaults_matches_the_code():
                 f"in SB3) | `{LOG_STD_INIT!r}` |")
     rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "
              f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
+    rows += [f"| a turn-based game (a PettingZoo `AECEnv`; over the action space's row) | `{key}` | "
+             f"`{value!r}` |" for key, value in TURN_BASED_DEFAULTS.items()]
     missing = [row for row in rows if row not in CONFIG_DOC]
     assert not missing, f"docs/configuration.md's implied-defaults table lacks or misstates: {missing}"
 

@@ -8,6 +8,7 @@ import torch
 
 import ma_envs
 from asyncrl import APPO, ConfigError
+from asyncrl.config import TURN_BASED_DEFAULTS, Config
 from asyncrl.losses import ppo_loss
 from asyncrl.multiagent import AgentView
 from asyncrl.turns import TurnBasedEnv
@@ -131,6 +132,17 @@ def test_a_turn_based_game_whose_seats_differ_under_one_policy_is_a_clear_error(
     with pytest.raises(ConfigError, match="'player_0' and 'player_1' both may play policy "
                                           "'policy' but their action spaces differ"):
         APPO(Uneven, serial_mode=True, **FAST)
+
+
+@pytest.mark.timeout(60)
+def test_a_turn_based_game_implies_the_larger_entropy_bonus_and_a_parallel_game_does_not():
+    """Self-play's opponent is the policy itself: a turn-based game keeps more entropy."""
+    with APPO(ma_envs.signal, serial_mode=True, seed=0, verbose=0) as turns:
+        assert turns.config.ent_coef == TURN_BASED_DEFAULTS["ent_coef"] > Config.ent_coef
+    with APPO(ma_envs.signal, serial_mode=True, seed=0, verbose=0, ent_coef=0.0) as own:
+        assert own.config.ent_coef == 0.0  # a keyword wins
+    with APPO(ma_envs.rps, serial_mode=True, seed=0, verbose=0) as parallel:
+        assert parallel.config.ent_coef == Config.ent_coef
 
 
 @pytest.mark.timeout(120)
