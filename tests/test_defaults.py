@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_DEFAULTS, FACTORED_DEFAULTS, TURN_BASED_DEFAULTS, Config,
-                            with_defaults)
+from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_DEFAULTS, FACTORED_DEFAULTS,
+                            TURN_BASED_DEFAULTS, Config, with_defaults)
 from asyncrl.distributions import LOG_STD_INIT, make_distribution
 from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
@@ -77,11 +77,12 @@ def test_factored_actions_get_the_larger_entropy_bonus_and_keywords_win():
 
 
 def test_a_turn_based_game_gets_its_entropy_bonus_over_the_action_spaces_preset_and_keywords_win():
-    assert with_defaults({}, turn_based=True)["ent_coef"] == TURN_BASED_DEFAULTS["ent_coef"] > Config.ent_coef
+    bonus = TURN_BASED_DEFAULTS["ent_coef"]
+    assert with_defaults({}, turn_based=True)["ent_coef"] == bonus > Config.ent_coef
     assert with_defaults({"ent_coef": 0.0}, turn_based=True)["ent_coef"] == 0.0
-    assert with_defaults({}, actions="factored", turn_based=True)["ent_coef"] == TURN_BASED_DEFAULTS["ent_coef"]
+    assert with_defaults({}, actions="factored", turn_based=True)["ent_coef"] == bonus
     continuous = with_defaults({}, actions="continuous", turn_based=True)
-    assert continuous["num_epochs"] == CONTINUOUS_DEFAULTS["num_epochs"]  # the rest of the preset stays
+    assert continuous["num_epochs"] == CONTINUOUS_DEFAULTS["num_epochs"]  # the rest stays
 
 
 def test_atari_keeps_its_measured_preset_and_doom_its_return_normalisation():
