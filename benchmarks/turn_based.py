@@ -249,10 +249,10 @@ def main():
     with open(base + ".json", "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps(summary))
-    _plot(rows, base + ".png")
+    _plot(rows, base + ".png", json.loads(args.kwargs))
 
 
-def _plot(rows: list, path: str) -> None:
+def _plot(rows: list, path: str, kwargs: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -265,7 +265,8 @@ def _plot(rows: list, path: str) -> None:
                         label=f"seed {seed}, vs {key[4:]}")
         ax.set_xlabel(x), ax.set_ylabel("greedy win rate (200 games)"), ax.set_ylim(0, 1)
     axes[0].legend(fontsize=7)
-    fig.suptitle("connect_four_v3, self-play from APPO's defaults")
+    over = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    fig.suptitle("connect_four_v3, self-play from APPO's defaults" + (f", {over}" if over else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 
