@@ -167,8 +167,10 @@ class DiagGaussian(ActionDistribution):
         bounded = np.isfinite(space.low).any() or np.isfinite(space.high).any()
         self.low = space.low.reshape(-1).astype(np.float32) if bounded else None  # +-inf: no clip
         self.high = space.high.reshape(-1).astype(np.float32) if bounded else None
-        init = np.full(self.action_size, LOG_STD_INIT if log_std_init is None else float(log_std_init))
-        if log_std_init is None:  # a share of each dimension's range, where it has one
+        if log_std_init is not None:
+            init = np.full(self.action_size, float(log_std_init))
+        else:  # a share of each dimension's range, where it has one
+            init = np.full(self.action_size, LOG_STD_INIT)
             low, high = (b.reshape(-1).astype(np.float64) for b in (space.low, space.high))
             ranged = (high > low) & (np.abs(low) < UNBOUNDED) & (np.abs(high) < UNBOUNDED)
             init[ranged] += np.log((high[ranged] - low[ranged]) / 2)
@@ -264,7 +266,8 @@ def mask_sizes(dist: ActionDistribution) -> List[int]:
     return []
 
 
-def make_distribution(space: gym.Space, log_std_init: Optional[float] = None, _key: str = "action") -> ActionDistribution:
+def make_distribution(space: gym.Space, log_std_init: Optional[float] = None,
+                      _key: str = "action") -> ActionDistribution:
     """The distribution of an action space; unsupported spaces raise, naming what to use."""
     if isinstance(space, gym.spaces.Discrete):
         return Categorical(space.n, space.start)

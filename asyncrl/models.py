@@ -20,7 +20,8 @@ works unchanged, given SB3-preprocessed inputs), ``share_features_extractor``, `
 (a Gaussian's initial log std; default: ``distributions.LOG_STD_INIT``, -0.5, in units of each
 dimension's half range, where SB3's is 0), ``ortho_init``. A whole network is ``policy=cls``:
 ``cls(observation_space, action_space, param_size, **policy_kwargs)`` whose ``forward(obs)``
-returns ``(params [N, param_size], values [N])`` from SB3-preprocessed observations; the distribution and normalisers stay ours.
+returns ``(params [N, param_size], values [N])`` from SB3-preprocessed observations; the
+distribution and normalisers stay ours.
 """
 from __future__ import annotations
 
