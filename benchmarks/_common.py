@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import textwrap
 import threading
 import time
 from typing import Dict
@@ -178,6 +179,7 @@ def plot_curves(runs: list, panel: str, title, style, xlabel: str, ylabel: str,
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
-    fig.suptitle(suptitle)
+    # about 10 characters an inch at the title's size: a long title wraps instead of clipping
+    fig.suptitle("\n".join(textwrap.wrap(suptitle, int(10 * width * len(panels)))))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
