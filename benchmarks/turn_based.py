@@ -229,12 +229,13 @@ def main():
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--games", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=30)
-    ap.add_argument("--kwargs", default="{}", help="APPO arguments (JSON) over the defaults")
+    ap.add_argument("--kwargs", type=json.loads, default={},
+                    help="APPO arguments (JSON) over the defaults")
     ap.add_argument("--out", default="connect_four_selfplay")
     args = ap.parse_args()
     rows = []
     for seed in map(int, args.seeds.split(",")):
-        rows += run_seed(seed, args.steps, args.chunk, args.games, json.loads(args.kwargs))
+        rows += run_seed(seed, args.steps, args.chunk, args.games, args.kwargs)
     tp = throughput(args.seconds) if args.seconds > 0 else {}
     os.makedirs(RESULTS, exist_ok=True)
     base = os.path.join(RESULTS, args.out)
@@ -249,7 +250,7 @@ def main():
     with open(base + ".json", "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps(summary))
-    _plot(rows, base + ".png", json.loads(args.kwargs))
+    _plot(rows, base + ".png", args.kwargs)
 
 
 def _plot(rows: list, path: str, kwargs: dict) -> None:
