@@ -561,7 +561,8 @@ def test_a_continuous_policy_beside_a_discrete_one_gets_its_own_defaults_not_its
         assert disc.rollout == cont.rollout == model.config.rollout
         assert cont.num_epochs == CONTINUOUS_DEFAULTS["num_epochs"]
         assert disc.num_epochs == Config.num_epochs != cont.num_epochs
-        assert model.trainees["cont"].own["ent_coef"] == 0.0  # implied for it, kept at run time
+        implied = model.trainees["cont"].own["ent_coef"]  # implied for it, kept at run time
+        assert implied == CONTINUOUS_DEFAULTS["ent_coef"] != Config.ent_coef
         model.train(600)
         assert model.logger.last_train_by["cont/"]["entropy_loss"] == model.logger.last_train_by[
             "cont/"]["entropy_loss"]  # trained (a number, not NaN)
