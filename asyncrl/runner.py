@@ -29,8 +29,8 @@ from . import ipc, pickling
 from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
                       TrajectoryBuffers, Worker, buffer_spec)
 from .config import Config
-from .fileio import PolicyFiles
-from .learner import Learner
+from .fileio import PolicyFiles, atomic_torch_save
+from .learner import Learner, make_optimizer
 from .logger import TrainLogger
 from .messages import ReportKind, dump_int, dump_request, load_int, load_request
 from .models import PolicySpec
@@ -198,6 +198,21 @@ class PolicyPart:
         total = max(1, job.target_env_steps - job.start_env_steps)
         self.shared_hparams.write(job.hparams_at(1.0 - min(1.0, (trained - job.start_env_steps) / total)))
 
+    def keep_optimizer_state(self, model: torch.nn.Module) -> None:
+        """After the graph was shut down by an error or Ctrl-C, with its processes gone: the
+        optimizer file gets the Adam state of the weights kept (``self.version``: the learner
+        writes each update's state to shared memory before it publishes the weights). A learner
+        killed by a signal (SIGTERM to the whole process group: ``timeout``, a batch scheduler)
+        never wrote its file, and one that finished an update while stopping wrote a later
+        state than the weights kept. Nothing changes where no update was made in this graph.
+        The learner's RNG state (its minibatch order) is not in shared memory: a killed one's
+        next run draws a new order."""
+        if self.version is None or not os.path.isdir(self.files.folder):
+            return  # the model was dropped and its scratch directory removed
+        optimizer = make_optimizer(model, self.cfg)
+        if self.optimizer_state.read(optimizer, self.version, self.ctl[Ctl.OPTIMIZER_EPOCH]):
+            atomic_torch_save(optimizer.state_dict(), self.files.optimizer, durable=False)
+
     def fetch(self, model: torch.nn.Module) -> None:
         """The last published weights into ``model``, with their counters, when they moved."""
         if self.weights.version != self.version:
@@ -312,10 +327,10 @@ class Runner:
             self.callback = None  # no cycle with the caller
             # Keep whatever the learners last published, even after an error or Ctrl-C, with
             # the counters that match it.
-            for part in self.parts:
+            models = [part.job.model for part in self.parts]
+            for part, model in zip(self.parts, models):
                 try:
-                    part.version, part.trained_env_steps = part.weights.load(part.job.model,
-                                                                             lock_timeout=5.0)
+                    part.version, part.trained_env_steps = part.weights.load(model, lock_timeout=5.0)
                 except TimeoutError as e:  # never mask the error that ended the run
                     warnings.warn(f"could not read the last published weights: {e}")
                 part.job = None
@@ -326,6 +341,11 @@ class Runner:
                               f"its processes are restarted at the next call:\n{late_errors[0].payload}")
             if not ok or late_errors:  # an error or Ctrl-C: nothing is left running
                 self.close()
+                for part, model in zip(self.parts, models):  # and Adam's state is the weights'
+                    try:
+                        part.keep_optimizer_state(model)
+                    except Exception as e:  # never mask the error that ended the run
+                        warnings.warn(f"could not keep {part.policy_id}'s optimizer state: {e!r}")
         return [(part.version, part.trained_env_steps) for part in self.parts]
 
     def _all_done(self) -> bool:

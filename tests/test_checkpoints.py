@@ -1,6 +1,9 @@
 """Checkpoints written while training are of one moment: weights, Adam state and counters of
 the same update (the learner writes them between two updates), with its RNG state; a model
 loaded from one trains on."""
+import os
+import signal
+
 import pytest
 import torch
 
@@ -45,6 +48,37 @@ def test_checkpoint_saved_while_training_is_consistent(tmp_path, serial):
             resumed.policy_version * STEPS_PER_UPDATE
     finally:
         resumed.close()
+    assert worker_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_adam_state_kept_when_the_workers_are_killed_with_the_main_process(tmp_path):
+    """SIGTERM to the whole process group (``timeout``, a batch scheduler's cancel) kills the
+    learner before it writes Adam's state; the save after the interruption still holds the
+    state that made the weights kept (the save had no optimizer state before), and the model
+    trains on from it."""
+    def killed_with_the_group(m):
+        if m.num_timesteps >= 2048:
+            for proc in m._runner.procs:  # the workers die by the signal, as in the group
+                os.kill(proc.pid, signal.SIGTERM)
+            for proc in m._runner.procs:
+                proc.join(timeout=10)
+            raise KeyboardInterrupt  # the main process unwinds, as its own handler makes it
+
+    model = APPO("CartPole-v1", **EXACT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.train(100_000, callback=killed_with_the_group, callback_interval=0.05)
+        model.save(tmp_path / "stopped.pt")
+        blob = torch.load(tmp_path / "stopped.pt", weights_only=False)
+        assert blob["policy_version"] > 0
+        assert blob["optimizer"] is not None
+        assert adam_steps(blob["optimizer"]) == blob["policy_version"] * STEPS_PER_UPDATE
+        model.train(512)  # a new graph, from the kept weights and Adam's state
+        assert adam_steps(model.get_parameters()["policy.optimizer"]) == \
+            model.policy_version * STEPS_PER_UPDATE
+    finally:
+        model.close()
     assert worker_children() == []
 
 
