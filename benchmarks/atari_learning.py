@@ -1,20 +1,28 @@
 """Pong learning curve: mean episode return against frames, to check +18 within 10M frames.
 
     python benchmarks/atari_learning.py [--env ALE/Pong-v5] [--frames 10000000] [--device auto]
-        [--out pong_learning] [any Config field as --field value]
+        [--out pong_learning] [--checkpoint_every 600] [--resume]
+        [any Config field as --field value]
 
 Writes OUT.csv (seconds, frames, env steps, mean return of the last 100 games, the last update's
 mean policy lag) every 30 s, the final model to OUT.pt with its greedy return over --eval_episodes
 games, and, with matplotlib (pip install -e ".[bench]"), OUT.png. Frames = env steps x 4. Stops
 once the mean reaches --target. The learning rate stays constant by default (--anneal_lr: linearly
-to 0 over --frames). On a 2-core CPU (where the Atari defaults train synchronously) one run of the
-defaults reached +18 at 6.7M frames in 41 minutes (~680 env steps/s), a second +17.2 at 10M frames
-in 51 (~815 env steps/s; +17 at 6.2M); annealed, +17.1 at 10M frames in 64.
+to 0 over --frames). A run longer than a sitting: SIGTERM (or Ctrl-C) stops it with a checkpoint
+(OUT.ckpt.pt, the model; OUT.ckpt.json, the curve so far and the last games' returns; also
+written every --checkpoint_every seconds), and the same command with --resume goes on from it
+(the curve's seconds count the time before; the games in progress at the stop are lost, the
+envs start new ones). On a 2-core CPU (where the Atari defaults train synchronously) one run of
+the defaults reached +18 at 6.7M frames in 41 minutes (~680 env steps/s), a second +17.2 at 10M
+frames in 51 (~815 env steps/s; +17 at 6.2M); annealed, +17.1 at 10M frames in 64.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import os
+import signal
 import time
 
 from asyncrl import APPO
@@ -22,6 +30,14 @@ from asyncrl.flags import parse_value
 from asyncrl.config import ATARI_DEFAULTS
 
 FRAME_SKIP = 4
+
+
+class Stopped(BaseException):
+    """SIGTERM: unwinds train() as Ctrl-C does (the workers stopped), then a checkpoint."""
+
+
+def _stop(signum, frame):
+    raise Stopped()
 
 
 def main() -> None:
@@ -35,13 +51,44 @@ def main() -> None:
                     help="anneal the learning rate linearly to 0 over --frames (CleanRL's "
                          "ppo_atari anneals over 40M frames; over 10M it decays too early: on "
                          "Pong here +17.1 at 10M frames against +18 at 6.7M constant)")
+    ap.add_argument("--checkpoint_every", type=float, default=600.0,
+                    help="seconds between checkpoints (OUT.ckpt.pt and OUT.ckpt.json)")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on from OUT.ckpt.pt and OUT.ckpt.json (written every "
+                         "--checkpoint_every seconds and on SIGTERM or Ctrl-C)")
     args, extra = ap.parse_known_args()
     overrides = {k.lstrip("-"): parse_value(v) for k, v in zip(extra[::2], extra[1::2])}
     overrides.setdefault("device", "auto")
     if args.anneal_lr:
         lr = overrides.get("learning_rate", ATARI_DEFAULTS["learning_rate"])
         overrides["learning_rate"] = lambda progress_remaining: lr * max(progress_remaining, 1e-3)
-    rows, t0 = [], time.perf_counter()
+    ckpt, state_path = args.out + ".ckpt.pt", args.out + ".ckpt.json"
+    if args.resume:
+        if args.anneal_lr:
+            ap.error("--resume with --anneal_lr: the schedule's progress would restart at the "
+                     "resumed call; resume a constant learning rate only")
+        if not (os.path.exists(ckpt) and os.path.exists(state_path)):
+            ap.error(f"--resume: no checkpoint {ckpt} and {state_path}; run without --resume "
+                     "(or with the --out of the run to resume)")
+        with open(state_path) as f:
+            saved = json.load(f)
+        model = APPO.load(ckpt, device=overrides.pop("device"), **overrides)
+        model.logger.ep_returns.extend(saved["ep_returns"])
+        rows, t0 = [tuple(r) for r in saved["rows"]], time.perf_counter() - saved["seconds"]
+        print(f"resumed {ckpt} at {model.num_timesteps * FRAME_SKIP:,} frames, "
+              f"{saved['seconds']:.0f} s", flush=True)
+    else:
+        model = APPO(args.env, **overrides)
+        rows, t0 = [], time.perf_counter()
+    last_checkpoint = [time.perf_counter()]
+
+    def checkpoint(model: APPO):
+        model.save(ckpt)
+        with open(state_path + ".tmp", "w") as f:
+            json.dump({"seconds": round(time.perf_counter() - t0, 1), "rows": rows,
+                       "ep_returns": list(model.logger.ep_returns)}, f)
+        os.replace(state_path + ".tmp", state_path)
+        last_checkpoint[0] = time.perf_counter()
 
     def record(model: APPO):
         ret = model.logger.ep_rew_mean
@@ -53,15 +100,31 @@ def main() -> None:
             w = csv.writer(f)
             w.writerow(["seconds", "frames", "env_steps", "ep_rew_mean", "policy_lag_mean"])
             w.writerows(rows)
+        if time.perf_counter() - last_checkpoint[0] >= args.checkpoint_every:
+            checkpoint(model)
         return False if ret == ret and ret >= args.target else None
 
-    with APPO(args.env, **overrides) as model:
+    with model:
         cfg = model.config
         print(f"{cfg.num_workers} workers x {cfg.num_envs_per_worker} envs, {cfg.algo}, batch "
               f"{cfg.batch_size}, device {cfg.device}", flush=True)
-        model.train(args.frames // FRAME_SKIP, callback=record, callback_interval=30.0)
+        previous = signal.signal(signal.SIGTERM, _stop)
+        try:
+            if model.num_timesteps < args.frames // FRAME_SKIP:
+                model.train(args.frames // FRAME_SKIP - model.num_timesteps, callback=record,
+                            callback_interval=30.0)  # train() counts on from a loaded model
+        except (KeyboardInterrupt, Stopped):
+            checkpoint(model)
+            print(f"stopped at {model.num_timesteps * FRAME_SKIP:,} frames; saved {ckpt}: the same "
+                  "command with --resume goes on", flush=True)
+            raise SystemExit(143)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         record(model)
         model.save(args.out + ".pt")
+        for path in (ckpt, state_path):  # finished: the checkpoint is the final model now
+            if os.path.exists(path):
+                os.remove(path)
         # The training mean spans the last stats_window games (late in Pong, ~2M frames): the
         # greedy return of the final weights says where the policy is now.
         mean, std = model.evaluate(args.eval_episodes, deterministic=True)
