@@ -114,6 +114,7 @@ def main() -> None:
                 model.train(args.frames // FRAME_SKIP - model.num_timesteps, callback=record,
                             callback_interval=30.0)  # train() counts on from a loaded model
         except (KeyboardInterrupt, Stopped):
+            signal.signal(signal.SIGTERM, previous)  # a second SIGTERM: the previous file stays
             checkpoint(model)
             print(f"stopped at {model.num_timesteps * FRAME_SKIP:,} frames; saved {ckpt}: the same "
                   "command with --resume goes on", flush=True)
