@@ -207,7 +207,9 @@ class Terminated(BaseException):
     """SIGTERM during training: unwinds like Ctrl-C (workers stopped, a checkpoint saved)."""
 
 
-def _raise_terminated(signum, frame):
+def raise_terminated(signum, frame):
+    """A SIGTERM handler: raises :class:`Terminated` in the main process (also for benchmarks'
+    long runs, which checkpoint on it)."""
     raise Terminated()
 
 
@@ -224,7 +226,7 @@ def _train_with_checkpoints(model, run: RunDir, steps: int, args: dict, bar) -> 
             run.save_checkpoint(m, args["keep_checkpoints"])
             last_save[0] = time.perf_counter()
 
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)  # SIGTERM: as Ctrl-C
+    previous = signal.signal(signal.SIGTERM, raise_terminated)  # SIGTERM: as Ctrl-C
     try:
         model.train(steps - model.num_timesteps, callback=hook, callback_interval=0.5)
     except (KeyboardInterrupt, Terminated) as e:

@@ -26,18 +26,11 @@ import signal
 import time
 
 from asyncrl import APPO
+from asyncrl.cli import Terminated, raise_terminated  # SIGTERM unwinds train() as Ctrl-C does
 from asyncrl.flags import parse_value
 from asyncrl.config import ATARI_DEFAULTS
 
 FRAME_SKIP = 4
-
-
-class Stopped(BaseException):
-    """SIGTERM: unwinds train() as Ctrl-C does (the workers stopped), then a checkpoint."""
-
-
-def _stop(signum, frame):
-    raise Stopped()
 
 
 def main() -> None:
@@ -108,12 +101,12 @@ def main() -> None:
         cfg = model.config
         print(f"{cfg.num_workers} workers x {cfg.num_envs_per_worker} envs, {cfg.algo}, batch "
               f"{cfg.batch_size}, device {cfg.device}", flush=True)
-        previous = signal.signal(signal.SIGTERM, _stop)
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
         try:
             if model.num_timesteps < args.frames // FRAME_SKIP:
                 model.train(args.frames // FRAME_SKIP - model.num_timesteps, callback=record,
                             callback_interval=30.0)  # train() counts on from a loaded model
-        except (KeyboardInterrupt, Stopped):
+        except (KeyboardInterrupt, Terminated):
             signal.signal(signal.SIGTERM, previous)  # a second SIGTERM: the previous file stays
             checkpoint(model)
             print(f"stopped at {model.num_timesteps * FRAME_SKIP:,} frames; saved {ckpt}: the same "
