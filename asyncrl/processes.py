@@ -34,23 +34,30 @@ LOOP_TIMEOUT = 0.1     # seconds of any single wait inside a component loop
 PAUSE_POLL = 0.005     # seconds between looks at the control vector while paused
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Optional[str],
-                   environ: dict) -> Tuple[int, List[str]]:
+                   environ: dict) -> Tuple[int, Callable[[], None]]:
     """In a component: die with the main process, leave Ctrl-C to it, one torch thread, the
     main process's environment variables. Returns the parent's pid, watched from then on (the
-    main process's, spawned, or the fork server's, which ends with the main process), and the
-    folders to remove if the main process dies (``_orphan_dirs``). The
+    main process's, spawned, or the fork server's, which ends with the main process), and what
+    to call on the way out: it removes the folders the main process would have removed
+    (``_orphan_dirs``) if the main process is gone (``_remove_if_orphaned``). The
     parent-death signal (SIGHUP) follows the parent's thread that started the process: a
     spawned process's is only set when that was the main thread (the graph outlives a train()
     called from another thread; the parent-pid check in the loop covers that case); the fork
     server has one thread."""
     parent = os.getppid()
     dirs = _orphan_dirs(scratch_dir, forked=parent != main_pid)
+    try:
+        main = psutil.Process(main_pid)  # pins its start time: a reused pid is not it
+    except psutil.NoSuchProcess:  # it died meanwhile
+        _remove(dirs)
+        os._exit(1)
+    leave = functools.partial(_remove_if_orphaned, main, dirs)
     _leave_fork_server()
     if os.environ != environ:  # the fork server's are those of the moment it started
         os.environ.clear()
         os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, functools.partial(_on_parent_death, parent, dirs))
+    signal.signal(signal.SIGHUP, functools.partial(_on_parent_death, parent, leave))
     # Its own process group, which the processes its envs start (VizDoom's engines) inherit:
     # whoever reaps this component kills the group, so none outlives a SIGKILL (kill_group).
     os.setpgid(0, 0)
@@ -61,11 +68,11 @@ def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Opt
         libc.prctl(_PR_SET_NAME, name.encode()[:15])
     except OSError:  # not Linux: the parent-pid check in the loop still applies
         pass
-    if os.getppid() != parent or not psutil.pid_exists(main_pid):  # it died meanwhile
-        _remove(dirs)
+    if os.getppid() != parent:  # it died meanwhile
+        leave()
         os._exit(1)
     torch.set_num_threads(1)
-    return parent, dirs
+    return parent, leave
 
 
 def _orphan_dirs(scratch_dir: Optional[str], forked: bool) -> List[str]:
@@ -92,11 +99,21 @@ def _leave_fork_server() -> None:
         server._forkserver_alive_fd = None
 
 
-def _remove_if_orphaned(parent_pid: int, dirs: List[str]) -> None:
+def _remove_if_orphaned(main: psutil.Process, dirs: List[str]) -> None:
     """The main process died (SIGKILL) without removing ``dirs`` (``_orphan_dirs``): its
-    components do, on their way out (``parent_pid``: the parent they watch)."""
-    if os.getppid() != parent_pid:
+    components do, on their way out. Only then: a parent that is gone is not proof of it (the
+    fork server, killed by a SIGTERM to the process group that the components, in groups of
+    their own, do not get, while the main process goes on to save what the folder holds)."""
+    if not _alive(main):
         _remove(dirs)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running, and not a zombie (dead, its exit status not yet collected by its parent)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _remove(dirs: List[str]) -> None:
@@ -104,14 +121,15 @@ def _remove(dirs: List[str]) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _on_parent_death(parent_pid: int, dirs: List[str], signum, frame) -> None:
+def _on_parent_death(parent_pid: int, leave: Callable[[], None], signum, frame) -> None:
     """SIGHUP: the parent's thread that started this process ended. The kernel sends it before
     it hands this process to a new parent, so wait (up to 2 s) for that, remove the scratch
-    directory if the parent is gone, and die as SIGHUP's default action does."""
+    directory if the main process is gone (``leave``), and die as SIGHUP's default action
+    does."""
     deadline = time.monotonic() + 2.0
     while os.getppid() == parent_pid and time.monotonic() < deadline:
         time.sleep(0.01)
-    _remove_if_orphaned(parent_pid, dirs)
+    leave()
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     os.killpg(0, signal.SIGHUP)  # with the processes its envs started
 
@@ -130,7 +148,7 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
     """Entry point of every component process: init, then step while a train() call runs, idle
     while paused, until stopped; any failure is reported with its traceback. ``main_thread``:
     started from the main process's main thread; ``environ``: its environment variables."""
-    parent_pid, orphan_dirs = _prepare_child(name, main_pid, main_thread, scratch_dir, environ)
+    parent_pid, leave = _prepare_child(name, main_pid, main_thread, scratch_dir, environ)
     if niceness:
         os.nice(niceness)
     component = None
@@ -155,7 +173,7 @@ def component_main(name: str, make: Callable, ctl: SharedControl, report_queue, 
     finally:
         if component is not None:
             component.close()
-        _remove_if_orphaned(parent_pid, orphan_dirs)
+        leave()
     _exit_closed()
 
 
