@@ -1,5 +1,6 @@
 """The command line end to end, in subprocesses, on CartPole with tiny budgets: train, resume,
 evaluate, enjoy with a video, plot; and its errors."""
+import contextlib
 import csv
 import json
 import os
@@ -188,11 +189,12 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code, group):
         proc.send_signal(getattr(signal, sig))
     try:
         out, err = proc.communicate(timeout=60)
-    finally:  # a hung run must not outlive the test
-        if proc.poll() is None:
-            for w in workers:
-                w.kill()
+    finally:  # a hung run must not outlive the test (the main process first: a worker that
+        if proc.poll() is None:  # is gone already must not stop the cleanup)
             proc.kill()
+            for w in workers:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    w.kill()
     assert proc.returncode == code, out + err
     assert "run the same command to resume" in err and "Traceback" not in err, err
     _, alive = psutil.wait_procs(workers, timeout=5)  # they exit with the main process
