@@ -207,15 +207,21 @@ class Terminated(BaseException):
     """SIGTERM during training: unwinds like Ctrl-C (workers stopped, a checkpoint saved)."""
 
 
+REPEATED_SIGTERM = 1.0  # seconds: a SIGTERM this soon after the one raised is the same request
+_last_terminated = [-REPEATED_SIGTERM]
+
+
 def raise_terminated(signum, frame):
     """A SIGTERM handler: raises :class:`Terminated` in the main process (also for benchmarks'
-    long runs, which checkpoint on it), once: later SIGTERMs are ignored until the caller puts
-    its previous handler back after its checkpoint. ``timeout`` delivers the signal twice (to
-    the command, then to its process group); a second Terminated raised inside the graph's
-    shutdown left it half done (tensorboardX's close then hung, 1 stop in 9). Whoever wants
-    the process gone at once sends SIGKILL, as ``timeout -k`` and batch schedulers do after
-    their grace period."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    long runs, which checkpoint on it). A repeat within ``REPEATED_SIGTERM`` seconds is
+    ignored: ``timeout`` delivers the signal twice at once (to the command, then to its
+    process group), and the second, raised again inside the graph's shutdown, left it half
+    done (tensorboardX's close then hung, 1 stop in 9). A SIGTERM sent later raises again (a
+    deliberate second stop; or the first was swallowed by code that catches everything)."""
+    now = time.monotonic()
+    if now - _last_terminated[0] < REPEATED_SIGTERM:
+        return
+    _last_terminated[0] = now
     raise Terminated()
 
 
@@ -236,6 +242,7 @@ def _train_with_checkpoints(model, run: RunDir, steps: int, args: dict, bar) -> 
     try:
         model.train(steps - model.num_timesteps, callback=hook, callback_interval=0.5)
     except (KeyboardInterrupt, Terminated) as e:
+        signal.signal(signal.SIGTERM, previous)
         path = run.save_checkpoint(model, args["keep_checkpoints"])
         print(f"\n{'terminated' if isinstance(e, Terminated) else 'interrupted'} at "
               f"{model.num_timesteps:,} env steps; saved {path}; run the same command to resume",

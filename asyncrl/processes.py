@@ -37,7 +37,8 @@ def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Opt
                    environ: dict) -> Tuple[int, Callable[[], None]]:
     """In a component: die with the main process, leave Ctrl-C to it, one torch thread, the
     main process's environment variables. Returns the parent's pid, watched from then on (the
-    main process's, spawned, or the fork server's, which ends with the main process), and what
+    main process's, spawned, or the fork server's, which ends with the main process or, killed
+    by a SIGTERM to the process group, before it), and what
     to call on the way out: it removes the folders the main process would have removed
     (``_orphan_dirs``) if the main process is gone (``_remove_if_orphaned``). The
     parent-death signal (SIGHUP) follows the parent's thread that started the process: a
@@ -68,7 +69,7 @@ def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Opt
         libc.prctl(_PR_SET_NAME, name.encode()[:15])
     except OSError:  # not Linux: the parent-pid check in the loop still applies
         pass
-    if os.getppid() != parent:  # it died meanwhile
+    if os.getppid() != parent or not _alive(main):  # it died meanwhile
         leave()
         os._exit(1)
     torch.set_num_threads(1)

@@ -202,7 +202,7 @@ class PolicyPart:
         """After the graph was shut down by an error or Ctrl-C, with its processes gone: the
         optimizer file gets the Adam state of the weights kept (``self.version``: the learner
         writes each update's state to shared memory before it publishes the weights). A learner
-        killed by a signal (SIGTERM to the whole process group: ``timeout``, a batch scheduler)
+        killed by a signal (a SIGTERM to every process of the run: Slurm's ``scancel``, systemd)
         never wrote its file, and one that finished an update while stopping wrote a later
         state than the weights kept. Nothing changes where no update was made in this graph.
         The learner's RNG state (its minibatch order) is not in shared memory: a killed one's

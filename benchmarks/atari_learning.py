@@ -107,7 +107,8 @@ def main() -> None:
                 model.train(args.frames // FRAME_SKIP - model.num_timesteps, callback=record,
                             callback_interval=30.0)  # train() counts on from a loaded model
         except (KeyboardInterrupt, Terminated):
-            checkpoint(model)  # a second SIGTERM is ignored until it is written (raise_terminated)
+            signal.signal(signal.SIGTERM, previous)  # a second SIGTERM: the previous file stays
+            checkpoint(model)
             print(f"stopped at {model.num_timesteps * FRAME_SKIP:,} frames; saved {ckpt}: the same "
                   "command with --resume goes on", flush=True)
             raise SystemExit(143)

@@ -53,7 +53,7 @@ def test_checkpoint_saved_while_training_is_consistent(tmp_path, serial):
 
 @pytest.mark.timeout(120)
 def test_adam_state_kept_when_the_workers_are_killed_with_the_main_process(tmp_path):
-    """SIGTERM to the whole process group (``timeout``, a batch scheduler's cancel) kills the
+    """A SIGTERM to every process of the run (Slurm's ``scancel``, systemd's stop) kills the
     learner before it writes Adam's state; the save after the interruption still holds the
     state that made the weights kept (the save had no optimizer state before), and the model
     trains on from it."""

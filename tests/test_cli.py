@@ -178,24 +178,27 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code, group):
     def trained():
         lines = progress.read_text().splitlines() if progress.exists() else []
         return len(lines) > 1 and int(lines[-1].split(",")[0] or 0) >= least
-    while time.monotonic() < deadline and not trained():
-        time.sleep(0.2)
-    workers = [w for w in psutil.Process(proc.pid).children(recursive=True)
-               if not multiprocessing_helper(w, proc.pid)]
-    assert len(workers) >= 3  # rollout-0, policy-0, learner
-    if group:  # as timeout sends it: to the command, then to the group (the command again)
-        proc.send_signal(getattr(signal, sig))
-        os.killpg(proc.pid, getattr(signal, sig))
-    else:
-        proc.send_signal(getattr(signal, sig))
-    try:
+    workers = []
+    try:  # a failed or hung run must not outlive the test
+        while time.monotonic() < deadline and not trained():
+            time.sleep(0.2)
+        assert trained(), f"not {least:,} env steps within 120 s"
+        workers = [w for w in psutil.Process(proc.pid).children(recursive=True)
+                   if not multiprocessing_helper(w, proc.pid)]
+        assert len(workers) >= 3  # rollout-0, policy-0, learner
+        if group:  # as timeout sends it: to the command, then to the group (the command again)
+            proc.send_signal(getattr(signal, sig))
+            os.killpg(proc.pid, getattr(signal, sig))
+        else:
+            proc.send_signal(getattr(signal, sig))
         out, err = proc.communicate(timeout=60)
-    finally:  # a hung run must not outlive the test (the main process first: a worker that
-        if proc.poll() is None:  # is gone already must not stop the cleanup)
+    finally:  # the main process first: a worker gone already must not stop the clean-up
+        if proc.poll() is None:
             proc.kill()
             for w in workers:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     w.kill()
+            proc.communicate()
     assert proc.returncode == code, out + err
     assert "run the same command to resume" in err and "Traceback" not in err, err
     _, alive = psutil.wait_procs(workers, timeout=5)  # they exit with the main process
@@ -210,6 +213,19 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code, group):
                     cwd=tmp_path)
     assert f"({steps:,} env steps)" in again.stdout
     assert f"to {steps + 128:,} env steps" in again.stdout
+
+
+def test_a_repeated_sigterm_is_the_same_request(monkeypatch):
+    """timeout's two SIGTERMs (to the command, then to its group) raise Terminated once; one sent
+    later raises again (it stops the shutdown or the save; or the first was swallowed)."""
+    from asyncrl import cli
+    monkeypatch.setattr(cli, "_last_terminated", [-cli.REPEATED_SIGTERM])
+    with pytest.raises(cli.Terminated):
+        cli.raise_terminated(15, None)
+    assert cli.raise_terminated(15, None) is None  # at once: ignored
+    cli._last_terminated[0] -= cli.REPEATED_SIGTERM  # as if sent a second later
+    with pytest.raises(cli.Terminated):
+        cli.raise_terminated(15, None)
 
 
 def test_model_plot_keeps_the_whole_run_at_bounded_memory():
