@@ -38,13 +38,12 @@ def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Opt
     """In a component: die with the main process, leave Ctrl-C to it, one torch thread, the
     main process's environment variables. Returns the parent's pid, watched from then on (the
     main process's, spawned, or the fork server's, which ends with the main process or, killed
-    by a SIGTERM to the process group, before it), and what
-    to call on the way out: it removes the folders the main process would have removed
-    (``_orphan_dirs``) if the main process is gone (``_remove_if_orphaned``). The
-    parent-death signal (SIGHUP) follows the parent's thread that started the process: a
-    spawned process's is only set when that was the main thread (the graph outlives a train()
-    called from another thread; the parent-pid check in the loop covers that case); the fork
-    server has one thread."""
+    by a SIGTERM to the process group, before it), and what to call on the way out: it removes
+    the folders the main process would have removed (``_orphan_dirs``) if the main process is
+    gone (``_remove_if_orphaned``). The parent-death signal (SIGHUP) follows the parent's
+    thread that started the process: a spawned process's is only set when that was the main
+    thread (the graph outlives a train() called from another thread; the parent-pid check in
+    the loop covers that case); the fork server has one thread."""
     parent = os.getppid()
     dirs = _orphan_dirs(scratch_dir, forked=parent != main_pid)
     try:

@@ -171,8 +171,8 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code, group):
                             start_new_session=group)
     progress = tmp_path / "train_dir" / "c" / "progress.csv"
     deadline = time.monotonic() + 120
-    # The group case ~40k env steps in: stopped at the first trained step, the code before the
-    # fix passed as often as not (why was not found); from ~40k it failed 2 tries of 3
+    # The group case ~40k env steps in: stopped at the first trained steps, the code before the
+    # fix passed 4 tries of 4 (why was not found); from ~40k it failed 2 tries of 3
     least = 40_000 if group else 1
 
     def trained():
@@ -217,7 +217,7 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code, group):
 
 def test_a_repeated_sigterm_is_the_same_request(monkeypatch):
     """timeout's two SIGTERMs (to the command, then to its group) raise Terminated once; one sent
-    later raises again (it stops the shutdown or the save; or the first was swallowed)."""
+    a second later raises again (a deliberate second stop, or the first was swallowed)."""
     from asyncrl import cli
     monkeypatch.setattr(cli, "_last_terminated", [-cli.REPEATED_SIGTERM])
     with pytest.raises(cli.Terminated):
