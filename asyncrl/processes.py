@@ -48,9 +48,8 @@ def _prepare_child(name: str, main_pid: int, main_thread: bool, scratch_dir: Opt
     dirs = _orphan_dirs(scratch_dir, forked=parent != main_pid)
     try:
         main = psutil.Process(main_pid)  # pins its start time: a reused pid is not it
-    except psutil.NoSuchProcess:  # it died meanwhile
-        _remove(dirs)
-        os._exit(1)
+    except psutil.NoSuchProcess:  # dead already: the check below ends this process
+        main = None
     leave = functools.partial(_remove_if_orphaned, main, dirs)
     _leave_fork_server()
     if os.environ != environ:  # the fork server's are those of the moment it started
@@ -99,7 +98,7 @@ def _leave_fork_server() -> None:
         server._forkserver_alive_fd = None
 
 
-def _remove_if_orphaned(main: psutil.Process, dirs: List[str]) -> None:
+def _remove_if_orphaned(main: Optional[psutil.Process], dirs: List[str]) -> None:
     """The main process died (SIGKILL) without removing ``dirs`` (``_orphan_dirs``): its
     components do, on their way out. Only then: a parent that is gone is not proof of it (the
     fork server, killed by a SIGTERM to the process group that the components, in groups of
@@ -108,10 +107,11 @@ def _remove_if_orphaned(main: psutil.Process, dirs: List[str]) -> None:
         _remove(dirs)
 
 
-def _alive(proc: psutil.Process) -> bool:
-    """Running, and not a zombie (dead, its exit status not yet collected by its parent)."""
+def _alive(proc: Optional[psutil.Process]) -> bool:
+    """Running, and not a zombie (dead, its exit status not yet collected by its parent);
+    None: gone before it could be looked at."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return proc is not None and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

@@ -186,11 +186,9 @@ def test_signal_saves_a_checkpoint_that_resumes(tmp_path, sig, code, group):
         workers = [w for w in psutil.Process(proc.pid).children(recursive=True)
                    if not multiprocessing_helper(w, proc.pid)]
         assert len(workers) >= 3  # rollout-0, policy-0, learner
-        if group:  # as timeout sends it: to the command, then to the group (the command again)
-            proc.send_signal(getattr(signal, sig))
+        proc.send_signal(getattr(signal, sig))
+        if group:  # as timeout sends it: then to the group too (the command again)
             os.killpg(proc.pid, getattr(signal, sig))
-        else:
-            proc.send_signal(getattr(signal, sig))
         out, err = proc.communicate(timeout=60)
     finally:  # the main process first: a worker gone already must not stop the clean-up
         if proc.poll() is None:
