@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Tuple, TypedDict, Union
 ALGOS = ("appo", "impala", "ppo")
 CNNS = ("nature", "doom", "tiny")
 SMALL_IMAGES = ("flat", "conv")
+CNN_PRECISIONS = ("auto", "float32", "bfloat16")
 # Fields a running learner picks up between (and during) train() calls, without a restart; on
 # APPO they are plain attributes (a number, or a schedule: progress_remaining -> number).
 MUTABLE_HPARAMS = ("learning_rate", "gamma", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm",
@@ -125,6 +126,15 @@ class Config:
         'two 3 x 3 convolutions + 128 units, ~4x the learner\'s work per env step (MiniGrid, '
         'docs/benchmarks/learning-suite.md: about the same env steps to the target, 2.1x the env '
         'steps/s with "flat").')
+    cnn_precision: str = _f(
+        "auto", 'Arithmetic of the "nature" and "doom" encoders (their convolutions and 512-unit '
+        'layer, the bulk of an image model\'s work): "bfloat16" runs them under torch.autocast '
+        '(weights, gradients and Adam stay float32; the recurrent core and the heads compute in '
+        'float32 from their float32 output): a learner minibatch 1.4-1.9x faster on a CPU with '
+        'AVX512-BF16 (docs/benchmarks/measured.md); "float32"; "auto": bfloat16 where the device '
+        'computes it natively (a CPU with AVX512-BF16 or AMX-BF16, a CUDA GPU that supports it), '
+        'else float32. Where it is not native, "bfloat16" is emulated and slower than float32. '
+        'An exported policy computes in float32.')
     policy_head_gain: float = _f(
         0.01, "Orthogonal gain of the policy head's initial weights. 0.01 (SB3's and CleanRL's) "
         "starts from a nearly uniform policy, but while the head is that small little of the "
@@ -297,6 +307,7 @@ class Config:
         check(is_int(self.rnn_size) and self.rnn_size >= 1, "rnn_size", "must be an integer >= 1")
         check(self.cnn in CNNS, "cnn", f"must be one of {CNNS}")
         check(self.small_images in SMALL_IMAGES, "small_images", f"must be one of {SMALL_IMAGES}")
+        check(self.cnn_precision in CNN_PRECISIONS, "cnn_precision", f"must be one of {CNN_PRECISIONS}")
         check(is_num(self.policy_head_gain) and 0 < self.policy_head_gain < math.inf,
               "policy_head_gain", "must be a number > 0")
         check(self.on_env_error in ("restart", "abort"), "on_env_error", 'must be "restart" or "abort"')
@@ -387,6 +398,7 @@ class ConfigKwargs(TypedDict, total=False):
     activation: str
     cnn: str
     small_images: str
+    cnn_precision: str
     policy_head_gain: float
     use_rnn: bool
     centralized_critic: bool

@@ -5,6 +5,7 @@ own ``scale`` (the learner scales a batch once, not once per minibatch and epoch
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import List, Optional, Tuple
 
@@ -80,12 +81,31 @@ CONV_STACKS = {
 CONV_ACTIVATIONS = {"nature": nn.ReLU, "doom": nn.ELU}
 
 
-class ConvEncoder(nn.Module):
-    """A stack of ``CONV_STACKS[name]`` convolutions and a 512-unit layer."""
+@functools.lru_cache(maxsize=None)
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 in hardware: a CPU with AVX512-BF16 or AMX-BF16 (as
+    oneDNN's convolutions use them), a CUDA GPU that torch says supports it (Ampere and later)."""
+    if device.type == "cuda":
+        try:
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # an older torch without the keyword
+            return torch.cuda.is_bf16_supported()
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    get_capabilities = getattr(torch.cpu, "get_capabilities", None)
+    caps = get_capabilities() if get_capabilities is not None else {}
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
 
-    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True, name: str = "nature"):
+
+class ConvEncoder(nn.Module):
+    """A stack of ``CONV_STACKS[name]`` convolutions and a 512-unit layer, computed in
+    ``precision`` (``Config.cnn_precision``; the output is float32 whatever it is)."""
+
+    def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True, name: str = "nature",
+                 precision: str = "auto"):
         super().__init__()
         self.hwc, c, act = hwc, chw[0], CONV_ACTIVATIONS[name]
+        self.precision = precision
         layers = []
         for out, kernel, stride in CONV_STACKS[name]:
             layers += [init_layer(nn.Conv2d(c, out, kernel, stride=stride), ortho=ortho), act()]
@@ -107,8 +127,16 @@ class ConvEncoder(nn.Module):
             out = torch.empty(obs.shape, device=obs.device, memory_format=torch.channels_last)
         return out.copy_(obs).mul_(1.0 / 255.0)
 
+    def bfloat16_on(self, device: torch.device) -> bool:
+        """Whether ``forward`` computes in bfloat16 on ``device``."""
+        return self.precision == "bfloat16" or (self.precision == "auto" and native_bfloat16(device))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(x))
+        if not self.bfloat16_on(x.device):
+            return self.fc(self.convs(x))
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            y = self.fc(self.convs(x))
+        return y.float()
 
 
 class SmallGrid(nn.Module):
@@ -203,8 +231,10 @@ class TinyEncoder(nn.Module):
         return self.fc(x)
 
 
-def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool, small_images: str) -> nn.Module:
-    """The encoder of an image or board leaf (``Config.cnn``, ``Config.small_images``)."""
+def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool, small_images: str,
+                  precision: str = "auto") -> nn.Module:
+    """The encoder of an image or board leaf (``Config.cnn``, ``Config.small_images``,
+    ``Config.cnn_precision``)."""
     hwc = channel_last(space)
     chw = (space.shape[2], space.shape[0], space.shape[1]) if hwc else tuple(space.shape)
     if cnn == "tiny":
@@ -213,7 +243,7 @@ def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool, small_images: st
         if is_board(space) or small_images == "conv":
             return SmallCNN(chw, hwc, ortho)
         return SmallFlat(chw, hwc)
-    return ConvEncoder(chw, hwc, ortho, cnn)
+    return ConvEncoder(chw, hwc, ortho, cnn, precision)
 
 
 def flat_width(space: gym.Space) -> int:

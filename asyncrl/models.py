@@ -133,7 +133,8 @@ class ActorCritic(nn.Module):
         cls = kw.get("features_extractor_class")
         if cls is not None:
             return cls(sb3_observation_space(env), **kw.get("features_extractor_kwargs", {}))
-        return nn.ModuleList([image_encoder(s, cfg.cnn, ortho, cfg.small_images) if is_grid(s)
+        return nn.ModuleList([image_encoder(s, cfg.cnn, ortho, cfg.small_images,
+                                            cfg.cnn_precision) if is_grid(s)
                               else nn.Flatten() for s in self.spaces])
 
     def _features_dim(self, encoders: nn.Module) -> int:

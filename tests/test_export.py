@@ -165,6 +165,29 @@ def test_export_names_its_inputs_and_outputs(tmp_path):
     assert [i.type for i in session.get_inputs()] == ["tensor(float)", "tensor(bool)", "tensor(float)"]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+def test_an_image_policy_exports_in_float32_and_the_model_keeps_its_precision(tmp_path):
+    """A CNN trained in bfloat16 (cnn_precision) exports float32 arithmetic, as the ONNX runtime's
+    CPU convolutions need, and gives the float32 model's actions; the model keeps bfloat16."""
+    from asyncrl.encoders import ConvEncoder
+    model = APPO(se.space_env(Box(0, 255, (36, 36, 3), np.uint8), Discrete(4)), device="cpu",
+                 verbose=0, seed=0, cnn_precision="bfloat16")
+    encoder = model.policy.encoders[0]
+    assert isinstance(encoder, ConvEncoder)
+    with torch.no_grad():  # logits far apart enough that bfloat16 and float32 pick the same action
+        model.policy.action_head.weight.normal_(0.0, 1.0)
+    for path, fmt in ((tmp_path / "p.pt", "torchscript"), (tmp_path / "p.onnx", "onnx")):
+        assert model.export(path) == fmt
+    assert encoder.precision == "bfloat16"
+    assert "bfloat16" not in str(torch.jit.load(str(tmp_path / "p.pt")).inlined_graph)
+    obs = np.random.default_rng(0).integers(0, 256, (64, 36, 36, 3), dtype=np.uint8)
+    encoder.precision = "float32"
+    want, _ = model.predict(obs, deterministic=True)
+    got = onnxruntime.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"obs": obs})[0]
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 def test_export_format_errors_say_what_to_change(tmp_path):
     model = APPO("CartPole-v1", device="cpu", verbose=0)

@@ -5,6 +5,7 @@ import torch
 
 import custom_envs
 from asyncrl import APPO, Config
+from asyncrl.config import ConfigError
 from asyncrl.fileio import PolicyFiles
 from asyncrl.learner import Batch, Learner
 from asyncrl.models import ActorCritic
@@ -160,6 +161,43 @@ def test_frames_scaled_into_a_reused_buffer_equal_a_fresh_scale():
     assert out.data_ptr() == buf.data_ptr() and out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, frames.float() / 255.0, rtol=0, atol=1e-7)
     torch.testing.assert_close(cnn.scale(frames), out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["nature", "doom"])
+def test_a_bfloat16_encoder_trains_float32_weights_as_float32_would(name):
+    """cnn_precision="bfloat16": the convolutions compute under autocast, yet the features, the
+    gradients and the weights Adam steps stay float32, and they match float32's to bfloat16's
+    precision (a feature, a gradient's direction)."""
+    from asyncrl.encoders import ConvEncoder
+    torch.manual_seed(0)
+    f32 = ConvEncoder((3, 72, 96), hwc=False, name=name, precision="float32")
+    b16 = ConvEncoder((3, 72, 96), hwc=False, name=name, precision="bfloat16")
+    b16.load_state_dict(f32.state_dict())
+    x = f32.scale(torch.randint(0, 256, (16, 3, 72, 96), dtype=torch.uint8))
+    y32, y16 = f32(x), b16(x)
+    assert y16.dtype == torch.float32 and not torch.equal(y16, y32)  # computed in bfloat16
+    torch.testing.assert_close(y16, y32, rtol=0.05, atol=0.02 * y32.abs().max().item())
+    y32.square().mean().backward()
+    y16.square().mean().backward()
+    for (n, p32), p16 in zip(f32.named_parameters(), b16.parameters()):
+        assert p16.dtype == p16.grad.dtype == torch.float32, n
+        cos = torch.nn.functional.cosine_similarity(p16.grad.flatten(), p32.grad.flatten(), dim=0)
+        assert cos > 0.98, (n, cos.item())
+
+
+def test_cnn_precision_auto_follows_the_hardware():
+    """"auto" computes bfloat16 where the device does natively (here: this machine's CPU),
+    "float32" never, "bfloat16" always; a bad value is a ConfigError naming the choices."""
+    from asyncrl.encoders import ConvEncoder, native_bfloat16
+    cpu = torch.device("cpu")
+    caps = torch.cpu.get_capabilities()
+    assert native_bfloat16(cpu) == bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    on = {p: ConvEncoder((4, 36, 36), hwc=False, precision=p).bfloat16_on(cpu)
+          for p in ("auto", "float32", "bfloat16")}
+    assert on == {"auto": native_bfloat16(cpu), "float32": False, "bfloat16": True}
+    assert native_bfloat16(torch.device("meta")) is False
+    with pytest.raises(ConfigError, match="cnn_precision.*'float32'"):
+        APPO("CartPole-v1", cnn_precision="fp16")
 
 
 @pytest.mark.parametrize("lagged", [False, True])
