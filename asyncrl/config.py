@@ -132,7 +132,7 @@ class Config:
         '(weights, gradients and Adam stay float32; the recurrent core and the heads compute in '
         'float32 from their float32 output): a learner minibatch 1.4-1.9x faster on a CPU with '
         'AVX512-BF16 (docs/benchmarks/measured.md); "float32"; "auto": bfloat16 where the device '
-        'computes it natively (a CPU with AVX512-BF16 or AMX-BF16, a CUDA GPU that supports it), '
+        'computes it natively (a CPU with AVX512-BF16 or AMX-BF16, an Ampere or later GPU), '
         'else float32. Where it is not native, "bfloat16" is emulated and slower than float32. '
         'An exported policy computes in float32.')
     policy_head_gain: float = _f(

@@ -84,25 +84,36 @@ CONV_ACTIVATIONS = {"nature": nn.ReLU, "doom": nn.ELU}
 @functools.lru_cache(maxsize=None)
 def native_bfloat16(device: torch.device) -> bool:
     """Whether ``device`` computes bfloat16 in hardware: a CPU with AVX512-BF16 or AMX-BF16 (as
-    oneDNN's convolutions use them), a CUDA GPU that torch says supports it (Ampere and later)."""
+    oneDNN's convolutions use them), a CUDA GPU of compute capability 8 or more (Ampere and later;
+    a ROCm GPU as torch says)."""
     if device.type == "cuda":
-        try:
-            return torch.cuda.is_bf16_supported(including_emulation=False)
-        except TypeError:  # an older torch without the keyword
+        if torch.version.hip is not None:
             return torch.cuda.is_bf16_supported()
+        return torch.cuda.get_device_capability(device)[0] >= 8
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
+    return cpu_has_bfloat16()
+
+
+def cpu_has_bfloat16() -> bool:
+    """AVX512-BF16 or AMX-BF16 on this CPU: ``torch.cpu.get_capabilities()`` where torch has it
+    (recent versions), else the older private checks of the same flags; False where neither is."""
     get_capabilities = getattr(torch.cpu, "get_capabilities", None)
-    caps = get_capabilities() if get_capabilities is not None else {}
-    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    if get_capabilities is not None:
+        caps = get_capabilities()
+        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported",
+                                                         "_is_amx_tile_supported")]
+    return any(check() for check in checks if check is not None)
 
 
 class ConvEncoder(nn.Module):
     """A stack of ``CONV_STACKS[name]`` convolutions and a 512-unit layer, computed in
-    ``precision`` (``Config.cnn_precision``; the output is float32 whatever it is)."""
+    ``precision`` (``Config.cnn_precision``, which the built-in model passes; float32 for one
+    built by hand; the output is float32 whatever it is)."""
 
     def __init__(self, chw: Tuple[int, int, int], hwc: bool, ortho: bool = True, name: str = "nature",
-                 precision: str = "auto"):
+                 precision: str = "float32"):
         super().__init__()
         self.hwc, c, act = hwc, chw[0], CONV_ACTIVATIONS[name]
         self.precision = precision
@@ -232,7 +243,7 @@ class TinyEncoder(nn.Module):
 
 
 def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool, small_images: str,
-                  precision: str = "auto") -> nn.Module:
+                  precision: str = "float32") -> nn.Module:
     """The encoder of an image or board leaf (``Config.cnn``, ``Config.small_images``,
     ``Config.cnn_precision``)."""
     hwc = channel_last(space)

@@ -459,8 +459,9 @@ class Learner:
             # Every sample was drawn by these very weights (synchronous PPO: always): the policy
             # worker's log-probabilities and values are this model's, so only the bootstrap
             # values V(x_T) are computed; a forward pass over the batch saved (~6% of a Nature
-            # CNN update). Exact for a recurrent model too: the stored state after the last
-            # step is the one these weights computed.
+            # CNN update). For a recurrent model too: the stored state after the last step is
+            # the one these weights computed. The same up to float rounding (an encoder in
+            # bfloat16, cnn_precision, rounds differently in the worker's smaller batches).
             log_probs = batch.log_probs
             last = index_obs(obs, slice(T * B, None))
             state = None if batch.rnn_state is None else batch.rnn_state[T]

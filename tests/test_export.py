@@ -169,23 +169,26 @@ def test_export_names_its_inputs_and_outputs(tmp_path):
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 def test_an_image_policy_exports_in_float32_and_the_model_keeps_its_precision(tmp_path):
     """A CNN trained in bfloat16 (cnn_precision) exports float32 arithmetic, as the ONNX runtime's
-    CPU convolutions need, and gives the float32 model's actions; the model keeps bfloat16."""
-    from asyncrl.encoders import ConvEncoder
-    model = APPO(se.space_env(Box(0, 255, (36, 36, 3), np.uint8), Discrete(4)), device="cpu",
-                 verbose=0, seed=0, cnn_precision="bfloat16")
+    CPU convolutions need (a bfloat16 trace is a file it refuses): both files give the float32
+    model's continuous actions, which bfloat16's differ from; the model keeps bfloat16."""
+    model = APPO(se.space_env(Box(0, 255, (36, 36, 3), np.uint8), Box(-1, 1, (2,), np.float32)),
+                 device="cpu", verbose=0, seed=0, cnn_precision="bfloat16")
     encoder = model.policy.encoders[0]
-    assert isinstance(encoder, ConvEncoder)
-    with torch.no_grad():  # logits far apart enough that bfloat16 and float32 pick the same action
-        model.policy.action_head.weight.normal_(0.0, 1.0)
+    assert encoder.precision == "bfloat16"
+    with torch.no_grad():  # means of order 1, where the precisions' difference shows
+        model.policy.action_head.weight.normal_(0.0, 0.3)
     for path, fmt in ((tmp_path / "p.pt", "torchscript"), (tmp_path / "p.onnx", "onnx")):
         assert model.export(path) == fmt
     assert encoder.precision == "bfloat16"
-    assert "bfloat16" not in str(torch.jit.load(str(tmp_path / "p.pt")).inlined_graph)
     obs = np.random.default_rng(0).integers(0, 256, (64, 36, 36, 3), dtype=np.uint8)
+    bfloat16, _ = model.predict(obs, deterministic=True)
     encoder.precision = "float32"
-    want, _ = model.predict(obs, deterministic=True)
+    float32, _ = model.predict(obs, deterministic=True)
+    assert np.abs(bfloat16 - float32).max() > 1e-3  # the precisions differ here
     got = onnxruntime.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"obs": obs})[0]
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, float32, rtol=0, atol=1e-5)
+    scripted = torch.jit.load(str(tmp_path / "p.pt"))(torch.as_tensor(obs)).numpy()
+    np.testing.assert_allclose(scripted, float32, rtol=0, atol=1e-6)
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")

@@ -185,17 +185,34 @@ def test_a_bfloat16_encoder_trains_float32_weights_as_float32_would(name):
         assert cos > 0.98, (n, cos.item())
 
 
-def test_cnn_precision_auto_follows_the_hardware():
-    """"auto" computes bfloat16 where the device does natively (here: this machine's CPU),
-    "float32" never, "bfloat16" always; a bad value is a ConfigError naming the choices."""
-    from asyncrl.encoders import ConvEncoder, native_bfloat16
+def test_cnn_precision_auto_follows_the_hardware(monkeypatch):
+    """"auto" computes bfloat16 where the CPU has AVX512-BF16 or AMX-BF16 (torch's capabilities,
+    or on an older torch its private checks), "float32" never, "bfloat16" always; an encoder
+    built by hand computes float32; a bad value is a ConfigError naming the choices."""
+    from asyncrl import encoders
     cpu = torch.device("cpu")
-    caps = torch.cpu.get_capabilities()
-    assert native_bfloat16(cpu) == bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
-    on = {p: ConvEncoder((4, 36, 36), hwc=False, precision=p).bfloat16_on(cpu)
-          for p in ("auto", "float32", "bfloat16")}
-    assert on == {"auto": native_bfloat16(cpu), "float32": False, "bfloat16": True}
-    assert native_bfloat16(torch.device("meta")) is False
+
+    def auto_on():
+        encoders.native_bfloat16.cache_clear()
+        return encoders.ConvEncoder((4, 36, 36), hwc=False, precision="auto").bfloat16_on(cpu)
+
+    try:
+        for caps, want in (({"avx512_bf16": True, "amx_bf16": False}, True), ({"amx_bf16": True}, True),
+                           ({"avx512_bf16": False, "amx_bf16": False}, False), ({}, False)):
+            monkeypatch.setattr(torch.cpu, "get_capabilities", lambda caps=caps: caps, raising=False)
+            assert auto_on() is want, caps
+        monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+        for avx512_bf16, amx in ((True, False), (False, True), (False, False)):
+            monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+            monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+            assert auto_on() is (avx512_bf16 or amx), (avx512_bf16, amx)
+    finally:
+        monkeypatch.undo()
+        encoders.native_bfloat16.cache_clear()
+    for precision, on in (("float32", False), ("bfloat16", True)):
+        assert encoders.ConvEncoder((4, 36, 36), hwc=False, precision=precision).bfloat16_on(cpu) is on
+    assert encoders.ConvEncoder((4, 36, 36), hwc=False).precision == "float32"
+    assert encoders.native_bfloat16(torch.device("meta")) is False
     with pytest.raises(ConfigError, match="cnn_precision.*'float32'"):
         APPO("CartPole-v1", cnn_precision="fp16")
 
