@@ -196,6 +196,7 @@ def test_cnn_precision_auto_follows_the_hardware(monkeypatch):
         encoders.native_bfloat16.cache_clear()
         return encoders.ConvEncoder((4, 36, 36), hwc=False, precision="auto").bfloat16_on(cpu)
 
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)  # oneDNN's build
     try:
         for caps, want in (({"avx512_bf16": True, "amx_bf16": False}, True), ({"amx_bf16": True}, True),
                            ({"avx512_bf16": False, "amx_bf16": False}, False), ({}, False)):
