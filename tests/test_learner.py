@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import custom_envs
-from asyncrl import APPO, Config
-from asyncrl.config import ConfigError
+from asyncrl import APPO, Config, ConfigError
 from asyncrl.fileio import PolicyFiles
 from asyncrl.learner import Batch, Learner
 from asyncrl.models import ActorCritic
