@@ -33,7 +33,7 @@ from torch import nn
 from .config import ConfigError
 from .distributions import Composite
 from .encoders import ConvEncoder
-from .models import ActorCritic, PolicySpec
+from .models import ActorCritic, PolicySpec, RecurrentCore
 from .spaces import leaf_storage
 
 FORMATS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript"}
@@ -43,14 +43,14 @@ MASK_INPUT, STATE_INPUT, STATE_OUTPUT = "action_mask", "state", "next_state"
 class DeterministicPolicy(nn.Module):
     """``forward(*leaves, [action_mask], [state])`` -> (action leaves..., [next_state]); a copy
     of the model on the CPU in eval mode, so exporting leaves the trained one untouched. Its
-    image encoders compute in float32 (``cnn_precision``'s bfloat16 is a training speed-up, and
-    onnxruntime's CPU convolutions take no bfloat16)."""
+    image encoders and recurrent core compute in float32 (``cnn_precision``'s bfloat16 is a
+    training speed-up, and onnxruntime's CPU convolutions take no bfloat16)."""
 
     def __init__(self, model: ActorCritic, spec: PolicySpec):
         super().__init__()
         self.model = copy.deepcopy(model).cpu().eval().requires_grad_(False)
         for module in self.model.modules():
-            if isinstance(module, ConvEncoder):
+            if isinstance(module, (ConvEncoder, RecurrentCore)):
                 module.precision = "float32"
         self.keys = list(spec.env.leaves)
         self.masked = spec.env.mask_source is not None

@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (RunningNorm, init_layer, image_encoder, mlp, normalized_keys, flat_width,
-                       preprocess_leaf, sb3_space)
+from .encoders import (ConvEncoder, RunningNorm, bfloat16_copies, computes_bfloat16, init_layer,
+                       image_encoder, mlp, normalized_keys, flat_width, preprocess_leaf, sb3_space)
+from .gru import gru_sequence, gru_step
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
 
 POLICY_KWARGS = ("net_arch", "activation_fn", "features_extractor_class", "features_extractor_kwargs",
@@ -106,8 +107,10 @@ class ActorCritic(nn.Module):
         separate = not kw.get("share_features_extractor", True) and not self.centralized
         self.vf_encoders = self._extractor(env, cfg, kw, ortho) if separate else None
         features = self._features_dim(self.encoders)
-        if cfg.use_rnn:
-            self.core = RecurrentCore(cfg.rnn_type, features, cfg.rnn_size)
+        if cfg.use_rnn:  # behind a CNN, the core computes in the CNN's precision
+            convs = [m for m in self.encoders.modules() if isinstance(m, ConvEncoder)]
+            self.core = RecurrentCore(cfg.rnn_type, features, cfg.rnn_size,
+                                      convs[0].precision if convs else "float32")
             features = self.core.out_size
         # image encoders end in a hidden layer of their own (unless learns_features is False, as
         # SmallFlat's): no MLP after them
@@ -318,11 +321,14 @@ class ActorCritic(nn.Module):
 
 class RecurrentCore(nn.Module):
     """A GRU or LSTM cell between the features and the heads. Its state per env is one vector
-    (an LSTM's h and c side by side), so that it fits one buffer entry."""
+    (an LSTM's h and c side by side), so that it fits one buffer entry. ``precision``
+    (``Config.cnn_precision``, for the core behind an image encoder): a GRU on a CPU takes the
+    operands of its matrix products in bfloat16 where that computes bfloat16 (the state, gates
+    and gradients stay float32; an LSTM, and a GPU's cuDNN kernels, compute float32)."""
 
-    def __init__(self, kind: str, in_size: int, size: int):
+    def __init__(self, kind: str, in_size: int, size: int, precision: str = "float32"):
         super().__init__()
-        self.lstm = kind == "lstm"
+        self.lstm, self.precision = kind == "lstm", precision
         self.cell = (nn.LSTMCell if self.lstm else nn.GRUCell)(in_size, size)
         self.out_size, self.state_size = size, 2 * size if self.lstm else size
         for name, p in self.cell.named_parameters():  # CleanRL's ppo_atari_lstm init
@@ -331,11 +337,21 @@ class RecurrentCore(nn.Module):
             else:
                 nn.init.zeros_(p)
 
+    def bfloat16_on(self, device: torch.device) -> bool:
+        return not self.lstm and device.type == "cpu" and computes_bfloat16(self.precision, device)
+
     def step(self, x: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.lstm:
             h, c = self.cell(x, tuple(state.chunk(2, -1)))
             return h, torch.cat([h, c], -1)
-        h = self.cell(x, state)
+        if self.bfloat16_on(x.device):
+            cell = self.cell
+            w_ih, w_hh = (bfloat16_copies(self, [cell.weight_ih, cell.weight_hh])
+                          if not torch.is_grad_enabled()
+                          else (cell.weight_ih.bfloat16(), cell.weight_hh.bfloat16()))
+            h = gru_step(x, state, w_ih, w_hh, cell.bias_ih, cell.bias_hh)
+        else:
+            h = self.cell(x, state)
         return h, h
 
     def forward(self, x: torch.Tensor, state: torch.Tensor,
@@ -344,14 +360,20 @@ class RecurrentCore(nn.Module):
         [T, B]): (outputs [N, size], state after the last step). Trajectories run as whole
         sequences through the fused RNN kernel (``torch.gru``/``torch.lstm``, nn.GRU's, on the
         cell's own weights), cut only at the rows where some trajectory starts an episode (its
-        state zeroed there): one call for most minibatches instead of T cell calls."""
+        state zeroed there): one call for most minibatches instead of T cell calls. A GRU on the
+        CPU runs ``gru_sequence`` instead (the same function, its backward pass ~2x faster)."""
         if starts is None:
             return self.step(x, state)
         T, B = starts.shape
-        x, keep = x.view(T, B, -1), (~starts).unsqueeze(-1).to(x.dtype)
-        cuts = [0, *(torch.nonzero(starts[1:].any(1)).flatten() + 1).tolist(), T]
+        x = x.view(T, B, -1)
         cell, outs = self.cell, []
         weights = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+        if not self.lstm and x.device.type == "cpu":
+            low = torch.bfloat16 if self.bfloat16_on(x.device) else None
+            out, state = gru_sequence(x, state, starts, *weights, low=low)
+            return out.flatten(0, 1), state
+        keep = (~starts).unsqueeze(-1).to(x.dtype)
+        cuts = [0, *(torch.nonzero(starts[1:].any(1)).flatten() + 1).tolist(), T]
         for t0, t1 in zip(cuts[:-1], cuts[1:]):
             state = state * keep[t0]
             if self.lstm:

@@ -168,27 +168,38 @@ def test_export_names_its_inputs_and_outputs(tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 def test_an_image_policy_exports_in_float32_and_the_model_keeps_its_precision(tmp_path):
-    """A CNN trained in bfloat16 (cnn_precision) exports float32 arithmetic, as the ONNX runtime's
-    CPU convolutions need (a bfloat16 trace is a file it refuses): both files give the float32
-    model's continuous actions, which bfloat16's differ from; the model keeps bfloat16."""
+    """A CNN and the GRU behind it trained in bfloat16 (cnn_precision) export float32
+    arithmetic, as the ONNX runtime's CPU convolutions need (a bfloat16 trace is a file it
+    refuses): both files give the float32 model's continuous actions and next states, which
+    bfloat16's differ from; the model keeps bfloat16."""
     model = APPO(se.space_env(Box(0, 255, (36, 36, 3), np.uint8), Box(-1, 1, (2,), np.float32)),
-                 device="cpu", verbose=0, seed=0, cnn_precision="bfloat16")
-    encoder = model.policy.encoders[0]
-    assert encoder.precision == "bfloat16"
+                 device="cpu", verbose=0, seed=0, cnn_precision="bfloat16", use_rnn=True,
+                 rnn_type="gru")
+    parts = [model.policy.encoders[0], model.policy.core]
+    assert [p.precision for p in parts] == ["bfloat16"] * 2
     with torch.no_grad():  # means of order 1, where the precisions' difference shows
         model.policy.action_head.weight.normal_(0.0, 0.3)
     for path, fmt in ((tmp_path / "p.pt", "torchscript"), (tmp_path / "p.onnx", "onnx")):
         assert model.export(path) == fmt
-    assert encoder.precision == "bfloat16"
+    assert [p.precision for p in parts] == ["bfloat16"] * 2
     obs = np.random.default_rng(0).integers(0, 256, (64, 36, 36, 3), dtype=np.uint8)
-    bfloat16, _ = model.predict(obs, deterministic=True)
-    encoder.precision = "float32"
-    float32, _ = model.predict(obs, deterministic=True)
-    assert np.abs(bfloat16 - float32).max() > 1e-3  # the precisions differ here
-    got = onnxruntime.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"obs": obs})[0]
-    np.testing.assert_allclose(got, float32, rtol=0, atol=1e-5)
-    scripted = torch.jit.load(str(tmp_path / "p.pt"))(torch.as_tensor(obs)).numpy()
-    np.testing.assert_allclose(scripted, float32, rtol=0, atol=1e-6)
+    state = np.random.default_rng(1).normal(0, 0.5, (64, model.policy.state_size)).astype(np.float32)
+    starts = np.zeros(64, dtype=bool)
+    def predict():  # (actions, next states [N, rnn_size]); predict's states are [1, N, rnn_size]
+        actions, next_state = model.predict(obs, state=state[None], episode_start=starts,
+                                            deterministic=True)
+        return actions, next_state[0]
+    bfloat16 = predict()
+    for part in parts:
+        part.precision = "float32"
+    float32 = predict()
+    for b16, f32 in zip(bfloat16, float32):  # the precisions differ here
+        assert np.abs(b16 - f32).max() > 1e-3
+    got = onnxruntime.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"obs": obs, "state": state})
+    scripted = torch.jit.load(str(tmp_path / "p.pt"))(torch.as_tensor(obs), torch.as_tensor(state))
+    for ours, onnx, script in zip(float32, got, scripted):
+        np.testing.assert_allclose(onnx, ours, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(script.numpy(), ours, rtol=0, atol=1e-5)
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")

@@ -184,6 +184,28 @@ def test_a_bfloat16_encoder_trains_float32_weights_as_float32_would(name):
         assert cos > 0.98, (n, cos.item())
 
 
+def test_bfloat16_inference_casts_the_weights_once_and_follows_their_changes():
+    """Without gradients (policy workers, predict) a bfloat16 CNN computes with bfloat16 copies
+    of its weights kept between calls: what autocast computes, and after the weights change in
+    place (a new version loaded, an optimiser step) what the new weights compute."""
+    from asyncrl.encoders import ConvEncoder
+    torch.manual_seed(0)
+    enc = ConvEncoder((3, 72, 96), hwc=False, name="doom", precision="bfloat16")
+    x = enc.scale(torch.randint(0, 256, (8, 3, 72, 96), dtype=torch.uint8))
+
+    def inference():
+        with torch.no_grad():
+            return enc(x)
+    first = inference()
+    assert torch.equal(first, enc(x))  # autocast's result, with gradients
+    copies = enc.__dict__["_bfloat16_copies"][1]
+    assert inference() is not first and enc.__dict__["_bfloat16_copies"][1] is copies  # kept
+    with torch.no_grad():
+        enc.fc[0].weight.mul_(1.5)
+    changed = inference()
+    assert not torch.equal(changed, first) and torch.equal(changed, enc(x))
+
+
 def test_cnn_precision_auto_follows_the_hardware(monkeypatch):
     """"auto" computes bfloat16 where the CPU has AVX512-BF16 or AMX-BF16 (torch's capabilities,
     or on an older torch its private checks), "float32" never, "bfloat16" always; an encoder

@@ -169,3 +169,70 @@ def test_recurrent_core_over_dict_image_obs_with_masks_and_every_action_space():
                                                                minibatch_size=64)) as model:
             model.train(256)
             assert model.num_timesteps >= 256
+
+
+@pytest.mark.timeout(60)
+def test_the_cpu_gru_over_trajectories_is_the_cell_stepped_with_resets():
+    """The learner's GRU over whole trajectories (``gru_sequence``, its own backward pass) is
+    nn.GRUCell stepped one step at a time with the state zeroed where an episode starts: the
+    outputs, the last state and the gradients of the inputs, the first state and every weight,
+    in float64 to rounding."""
+    from asyncrl.models import RecurrentCore
+    torch.manual_seed(0)
+    T, B, F, H = 7, 5, 6, 4
+    core = RecurrentCore("gru", F, H).double()
+    x = torch.randn(T * B, F, dtype=torch.float64, requires_grad=True)
+    state = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    starts = torch.rand(T, B) < 0.25
+    starts[0, 0] = starts[3, 1] = True
+    w_out, w_last = torch.randn(T * B, H, dtype=torch.float64), torch.randn(B, H, dtype=torch.float64)
+
+    def outputs_and_grads(run):
+        x.grad = state.grad = None
+        core.zero_grad()
+        out, last = run()
+        ((out * w_out).sum() + (last * w_last).sum()).backward()
+        return [out, last, x.grad, state.grad, *(p.grad for p in core.parameters())]
+
+    def stepped():
+        h, outs = state, []
+        for t, x_t in enumerate(x.view(T, B, F)):
+            h = core.cell(x_t, h * (~starts[t]).unsqueeze(-1))
+            outs.append(h)
+        return torch.cat(outs), h
+
+    ours, cell = outputs_and_grads(lambda: core(x, state, starts)), outputs_and_grads(stepped)
+    for name, a, b in zip(["outputs", "last state", "x", "state", "w_ih", "w_hh", "b_ih", "b_hh"],
+                          ours, cell):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
+
+
+@pytest.mark.timeout(60)
+def test_a_gru_behind_a_bfloat16_cnn_computes_its_products_in_bfloat16_alike_everywhere():
+    """With cnn_precision="bfloat16" the core behind the CNN takes its matrix products' operands
+    in bfloat16: its outputs and gradients are float32 and close to float32's, and the policy
+    worker's step (cached bfloat16 weights) computes what the learner's trajectories do, so that
+    the learner's recomputed log-probabilities match the workers' up to rounding."""
+    from asyncrl.models import RecurrentCore
+    torch.manual_seed(0)
+    T, B, F, H = 16, 4, 64, 128
+    f32, b16 = RecurrentCore("gru", F, H), RecurrentCore("gru", F, H, precision="bfloat16")
+    b16.load_state_dict(f32.state_dict())
+    x = torch.randn(T * B, F)
+    state, starts = torch.randn(B, H) * 0.5, torch.zeros(T, B, dtype=torch.bool)
+    starts[5, 2] = True
+    (y32, s32), (y16, s16) = f32(x, state, starts), b16(x, state, starts)
+    assert y16.dtype == torch.float32 and not torch.equal(y16, y32)
+    torch.testing.assert_close(y16, y32, rtol=0, atol=0.02)
+    torch.testing.assert_close(s16, s32, rtol=0, atol=0.02)
+    (y32 * y32.detach()).sum().backward()
+    (y16 * y32.detach()).sum().backward()
+    for (name, p32), p16 in zip(f32.named_parameters(), b16.parameters()):
+        cos = torch.nn.functional.cosine_similarity(p16.grad.flatten(), p32.grad.flatten(), dim=0)
+        assert p16.grad.dtype == torch.float32 and cos > 0.99, (name, cos.item())
+    with torch.no_grad():  # the step, as a policy worker runs it, T times
+        h, steps = state, []
+        for t, x_t in enumerate(x.view(T, B, F)):
+            h = b16(x_t, h * (~starts[t]).unsqueeze(-1))[0]
+            steps.append(h)
+    torch.testing.assert_close(torch.cat(steps), y16, rtol=0, atol=1e-5)
