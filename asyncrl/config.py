@@ -465,6 +465,13 @@ DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs
                      cnn="doom", use_rnn=True, rnn_type="gru", rnn_size=512,
                      normalize_returns=True, target_kl=None, policy_head_gain=1.0,
                      learner_threads=2)
+# ... and with no GPU to learn on, sampling yields to the learner (niceness 19 for the rollout and
+# policy workers and the games they start). The learner's two threads are the bottleneck; at equal
+# priority the sampling processes preempt one of them while the other waits for it, so the
+# learner burnt 1.40 cores for less work than 1.19 do at niceness 19 (HealthGatheringSupreme, 2
+# cores, medians of 2 alternated repeats: 487 -> 614 env steps/s, 1.02 -> 1.28 of Sample
+# Factory's example beside them; niceness 10: 591). docs/guides/vizdoom.md.
+DOOM_CPU_DEFAULTS = dict(sampler_nice=19)
 FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 
 
@@ -560,7 +567,7 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
-    ``num_envs_per_worker``); with a GPU (not ``cpu_only``), ``gpu_layout`` for the cores sets
+    ``num_envs_per_worker``), Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a GPU (not ``cpu_only``), ``gpu_layout`` for the cores sets
     whichever of the two counts is not set; without a family, the kind of ``actions``
     (``ActionDistribution.kind``) gets its ACTION_DEFAULTS, and a ``turn_based`` game
     TURN_BASED_DEFAULTS over them;
@@ -573,6 +580,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
         raise ValueError(f"actions={actions!r}: one of {list(ACTION_DEFAULTS)}")
     preset = dict(FAMILY_DEFAULTS.get(family) or
                   {**ACTION_DEFAULTS[actions], **(TURN_BASED_DEFAULTS if turn_based else {})})
+    if family == "doom" and cpu_only:
+        preset.update(DOOM_CPU_DEFAULTS)
     if atari and cpu_only and "algo" not in kwargs:
         preset.update(ATARI_CPU_DEFAULTS)
         if "num_workers" not in kwargs and "num_envs_per_worker" not in kwargs and cores <= 2:

@@ -89,6 +89,10 @@ def test_atari_keeps_its_measured_preset_and_doom_its_return_normalisation():
     atari, doom = with_defaults({}, family="atari"), with_defaults({}, family="doom")
     assert atari["normalize_returns"] is False and atari["reward_clip"] == 1.0
     assert doom["normalize_returns"] is True
+    # learning on a CPU, Doom's sampling yields to its learner; with a GPU it does not
+    assert with_defaults({}, family="doom", cpu_only=True)["sampler_nice"] == 19
+    assert "sampler_nice" not in with_defaults({}, family="doom", cpu_only=False, cores=16)
+    assert with_defaults({"sampler_nice": 0}, family="doom", cpu_only=True)["sampler_nice"] == 0
 
 
 def test_readme_configuration_table_matches_the_code():
