@@ -129,9 +129,9 @@ class Config:
     cnn_precision: str = _f(
         "auto", 'Arithmetic of the "nature" and "doom" encoders (their convolutions and 512-unit '
         'layer, the bulk of an image model\'s work) and, on a CPU, of a GRU core behind them: '
-        '"bfloat16" runs the encoders under torch.autocast and the GRU\'s matrix products on '
-        'bfloat16 operands (weights, gradients, the recurrent state and Adam stay float32; an '
-        'LSTM and the heads compute in float32): a learner minibatch 1.4-1.9x faster on a CPU with '
+        '"bfloat16" runs the encoders under torch.autocast and the GRU\'s matrix products in '
+        'bfloat16 (weights, the recurrent state and Adam stay float32; an LSTM and the heads '
+        'compute in float32): a learner minibatch 1.4-1.9x faster on a CPU with '
         'AVX512-BF16 (docs/benchmarks/measured.md); "float32"; "auto": bfloat16 where the device '
         'computes it natively (a CPU with AVX512-BF16 or AMX-BF16, an Ampere or later GPU), '
         'else float32. Where it is not native, "bfloat16" is emulated and slower than float32. '

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import List, Optional, Tuple
 
 import gymnasium as gym
@@ -113,19 +114,33 @@ def computes_bfloat16(precision: str, device: torch.device) -> bool:
     return precision == "bfloat16" or (precision == "auto" and native_bfloat16(device))
 
 
-def bfloat16_copies(owner: nn.Module, tensors: List[Optional[torch.Tensor]]
-                    ) -> List[Optional[torch.Tensor]]:
-    """bfloat16 copies of ``owner``'s ``tensors`` (its weights; None stays None) for inference,
-    kept on ``owner`` and cast again only after a tensor changes (a policy worker's new version,
-    an optimiser step, ``.to``), which their version counters and addresses tell. Autocast casts
-    every weight at every call: for VizDoom's model (a 512-unit layer of ~1M weights, a GRU of
-    1.6M) that is a fifth of a policy worker's forward pass."""
-    key = tuple(None if t is None else (t.data_ptr(), t._version) for t in tensors)
-    cached = owner.__dict__.get("_bfloat16_copies")
-    if cached is None or cached[0] != key:
-        copies = [None if t is None else t.detach().bfloat16() for t in tensors]
-        cached = owner.__dict__["_bfloat16_copies"] = (key, copies)
-    return cached[1]
+# bfloat16 copies of a module's weights taken for inference (weakly keyed: not pickled or copied
+# with the module, gone with it): owner -> (the tensors' addresses and version counters, copies)
+_SNAPSHOTS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _identity(tensors: List[torch.Tensor]) -> tuple:
+    return tuple((t.data_ptr(), t._version) for t in tensors)
+
+
+def snapshot_bfloat16(owner: nn.Module, tensors: List[torch.Tensor]) -> None:
+    """Keep bfloat16 copies of ``owner``'s ``tensors`` (its weights) for ``bfloat16_weights``: a
+    policy worker takes one per weight version (``ActorCritic.fused_forward``). Autocast casts
+    every weight at every call: for VizDoom's model (a 512-unit layer of ~1.2M weights, a GRU of
+    1.6M) that was a fifth of a policy worker's forward pass."""
+    _SNAPSHOTS[owner] = (_identity(tensors), [t.detach().bfloat16() for t in tensors])
+
+
+def bfloat16_weights(owner: nn.Module, tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    """``tensors`` in bfloat16, without gradients: ``owner``'s snapshot where one was taken of
+    these very tensors (the same addresses and version counters), else fresh casts. Only an
+    explicit snapshot is reused: an optimiser's fused step (torch's ``_fused_adam_``) changes
+    weights without bumping their version counters, so a cache filled by any call could go stale
+    in the learner."""
+    snap = _SNAPSHOTS.get(owner)
+    if snap is not None and snap[0] == _identity(tensors):
+        return snap[1]
+    return [t.detach().bfloat16() for t in tensors]
 
 
 class ConvEncoder(nn.Module):
@@ -166,22 +181,32 @@ class ConvEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.bfloat16_on(x.device):
             return self.fc(self.convs(x))
-        if not torch.is_grad_enabled():  # inference: the weights cast once, not every call
-            layers = [*self.convs, *self.fc]
-            weights = bfloat16_copies(self, [getattr(m, n, None) for m in layers
-                                             for n in ("weight", "bias")])
+        if not torch.is_grad_enabled():  # inference: the weights of a snapshot, if taken
+            weights = iter(bfloat16_weights(self, self._weights()))
             y = x.bfloat16()
-            for layer, w, b in zip(layers, weights[0::2], weights[1::2]):
-                if w is None:  # an activation, the flattening
+            for layer in self._layers():
+                if isinstance(layer, nn.Conv2d):
+                    y = layer._conv_forward(y, next(weights), next(weights))
+                elif isinstance(layer, nn.Linear):
+                    y = F.linear(y, next(weights), next(weights))
+                else:  # an activation, the flattening
                     y = layer(y)
-                elif isinstance(layer, nn.Conv2d):
-                    y = layer._conv_forward(y, w, b)
-                else:
-                    y = F.linear(y, w, b)
             return y.float()
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             y = self.fc(self.convs(x))
         return y.float()
+
+    def _layers(self) -> List[nn.Module]:
+        return [*self.convs, *self.fc]
+
+    def _weights(self) -> List[torch.Tensor]:
+        return [t for m in self._layers() if isinstance(m, (nn.Conv2d, nn.Linear))
+                for t in (m.weight, m.bias)]
+
+    def snapshot_bfloat16(self) -> None:
+        """bfloat16 copies of the weights for inference until they change (``snapshot_bfloat16``)."""
+        if self.bfloat16_on(self.fc[0].weight.device):
+            snapshot_bfloat16(self, self._weights())
 
 
 class SmallGrid(nn.Module):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, low) -> torch.Tensor:
@@ -67,6 +68,7 @@ class _GRUSequence(torch.autograd.Function):
         return out, h.clone()
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, d_out, d_last):
         x, keep, w_ih, w_hh, h_in, gates, gh_n = ctx.saved_tensors
         low = ctx.low
@@ -101,7 +103,8 @@ def gru_sequence(x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, w_i
     """x [T, B, F] time-major, state [B, H] before the first step, starts [T, B] (True: the state
     is zeroed before that step) -> (outputs [T, B, H], the state after the last step [B, H]).
     ``low`` (torch.bfloat16): the matrix products, forward and backward, take their operands in
-    that precision (products accumulate in float32 inside the kernel); the state, the gates and
-    every gradient stay float32."""
+    that precision and round their results to it, as autocast's do (they accumulate in float32
+    inside the kernel); the state, the gates, the element-wise gradients and the tensors
+    returned are float32."""
     keep = (~starts).unsqueeze(-1).to(x.dtype)
     return _GRUSequence.apply(x, state, keep, w_ih, w_hh, b_ih, b_hh, low)

@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (ConvEncoder, RunningNorm, bfloat16_copies, computes_bfloat16, init_layer,
-                       image_encoder, mlp, normalized_keys, flat_width, preprocess_leaf, sb3_space)
+from .encoders import (ConvEncoder, RunningNorm, bfloat16_weights, computes_bfloat16, init_layer,
+                       image_encoder, mlp, normalized_keys, flat_width, preprocess_leaf, sb3_space,
+                       snapshot_bfloat16)
 from .gru import gru_sequence, gru_step
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
 
@@ -274,7 +275,11 @@ class ActorCritic(nn.Module):
         normaliser's scale folded into the value row and the observation normalisers' division
         into the first layer's columns (each normalised key is centred and clipped to +-clip x
         std: two operations where the normaliser takes five). Rebuild it after the weights or
-        statistics change. Other models return ``forward`` itself."""
+        statistics change. Other models return ``forward`` itself, their bfloat16 image encoder and
+        core with a snapshot of their weights in bfloat16 (reused until the weights change)."""
+        for module in self.modules():
+            if isinstance(module, (ConvEncoder, RecurrentCore)):
+                module.snapshot_bfloat16()
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
                    and self.core is None and not self.centralized
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
@@ -322,9 +327,9 @@ class ActorCritic(nn.Module):
 class RecurrentCore(nn.Module):
     """A GRU or LSTM cell between the features and the heads. Its state per env is one vector
     (an LSTM's h and c side by side), so that it fits one buffer entry. ``precision``
-    (``Config.cnn_precision``, for the core behind an image encoder): a GRU on a CPU takes the
-    operands of its matrix products in bfloat16 where that computes bfloat16 (the state, gates
-    and gradients stay float32; an LSTM, and a GPU's cuDNN kernels, compute float32)."""
+    (``Config.cnn_precision``, for the core behind an image encoder): a GRU on a CPU computes
+    its matrix products in bfloat16 where that computes bfloat16 (the state, the gates and the
+    weights stay float32; an LSTM, and a GPU's cuDNN kernels, compute float32)."""
 
     def __init__(self, kind: str, in_size: int, size: int, precision: str = "float32"):
         super().__init__()
@@ -340,13 +345,18 @@ class RecurrentCore(nn.Module):
     def bfloat16_on(self, device: torch.device) -> bool:
         return not self.lstm and device.type == "cpu" and computes_bfloat16(self.precision, device)
 
+    def snapshot_bfloat16(self) -> None:
+        """bfloat16 copies of the weights for inference until they change (``snapshot_bfloat16``)."""
+        if self.bfloat16_on(self.cell.weight_ih.device):
+            snapshot_bfloat16(self, [self.cell.weight_ih, self.cell.weight_hh])
+
     def step(self, x: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.lstm:
             h, c = self.cell(x, tuple(state.chunk(2, -1)))
             return h, torch.cat([h, c], -1)
         if self.bfloat16_on(x.device):
             cell = self.cell
-            w_ih, w_hh = (bfloat16_copies(self, [cell.weight_ih, cell.weight_hh])
+            w_ih, w_hh = (bfloat16_weights(self, [cell.weight_ih, cell.weight_hh])
                           if not torch.is_grad_enabled()
                           else (cell.weight_ih.bfloat16(), cell.weight_hh.bfloat16()))
             h = gru_step(x, state, w_ih, w_hh, cell.bias_ih, cell.bias_hh)

@@ -1,5 +1,6 @@
 """The learner's targets: time-limit truncation bootstraps, termination does not."""
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -184,26 +185,42 @@ def test_a_bfloat16_encoder_trains_float32_weights_as_float32_would(name):
         assert cos > 0.98, (n, cos.item())
 
 
-def test_bfloat16_inference_casts_the_weights_once_and_follows_their_changes():
-    """Without gradients (policy workers, predict) a bfloat16 CNN computes with bfloat16 copies
-    of its weights kept between calls: what autocast computes, and after the weights change in
-    place (a new version loaded, an optimiser step) what the new weights compute."""
-    from asyncrl.encoders import ConvEncoder
+def test_bfloat16_inference_reuses_only_a_policy_workers_snapshot_of_current_weights():
+    """Without gradients a bfloat16 CNN and GRU compute autocast's numbers with the weights as
+    they are now: after the learner's fused Adam step (which leaves the weights' version counters
+    alone), and after a policy worker's ``fused_forward`` snapshot once the weights were loaded
+    anew; until they change, that snapshot is what inference uses."""
+    from asyncrl.encoders import bfloat16_weights
+    from asyncrl.learner import adam_step, make_optimizer
+    cfg = Config(cnn="doom", use_rnn=True, rnn_type="gru", rnn_size=64, cnn_precision="bfloat16")
     torch.manual_seed(0)
-    enc = ConvEncoder((3, 72, 96), hwc=False, name="doom", precision="bfloat16")
-    x = enc.scale(torch.randint(0, 256, (8, 3, 72, 96), dtype=torch.uint8))
+    model = ActorCritic.from_spaces(gym.spaces.Box(0, 255, (72, 96, 3), np.uint8),
+                                    gym.spaces.Discrete(4), cfg)
+    enc, core = model.encoders[0], model.core
+    obs = {"obs": torch.randint(0, 256, (8, 72, 96, 3), dtype=torch.uint8)}
+    state = torch.randn(8, model.state_size)
 
-    def inference():
-        with torch.no_grad():
-            return enc(x)
-    first = inference()
-    assert torch.equal(first, enc(x))  # autocast's result, with gradients
-    copies = enc.__dict__["_bfloat16_copies"][1]
-    assert inference() is not first and enc.__dict__["_bfloat16_copies"][1] is copies  # kept
+    def run(grad: bool):
+        with torch.set_grad_enabled(grad):
+            return torch.cat([t.detach() for t in model(obs, state=state)[::2]], -1)
+    opt = make_optimizer(model, cfg)
+    for _ in range(2):  # a learner's steps: the first makes Adam's state, the second is fused
+        assert torch.equal(run(False), run(True))
+        params, values, _ = model(obs, state=state)
+        opt.zero_grad()
+        (params.square().mean() + values.square().mean()).backward()
+        adam_step(opt)
+    assert torch.equal(run(False), run(True))  # not the weights before the step
+    forward = model.fused_forward()  # a policy worker's, after a load
+    snap = bfloat16_weights(enc, enc._weights())
+    assert all(a is b for a, b in zip(snap, bfloat16_weights(enc, enc._weights())))  # reused
     with torch.no_grad():
-        enc.fc[0].weight.mul_(1.5)
-    changed = inference()
-    assert not torch.equal(changed, first) and torch.equal(changed, enc(x))
+        assert torch.equal(forward(obs, state=state)[0], run(True)[:, :4])
+        new = {k: v * 1.1 for k, v in model.state_dict().items()}
+        model.load_state_dict(new)  # as SharedWeights.load: copy_ into the same tensors
+    assert torch.equal(run(False), run(True))  # the stale snapshot is not used
+    assert not any(a is b for a, b in zip(snap, bfloat16_weights(enc, enc._weights())))
+    assert core.bfloat16_on(torch.device("cpu"))
 
 
 def test_cnn_precision_auto_follows_the_hardware(monkeypatch):
