@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncrl import APPO
-from asyncrl.config import DOOM_DEFAULTS
+from asyncrl.config import DOOM_CPU_DEFAULTS, DOOM_DEFAULTS
 from asyncrl.encoders import ConvEncoder
 from asyncrl.envs import env_family, make_env
 
@@ -77,6 +77,7 @@ def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win():
         cfg = model.config
         assert (cfg.use_rnn, cfg.rnn_type, cfg.rnn_size, cfg.cnn) == (True, "gru", 512, "doom")
         assert all(getattr(cfg, k) == v for k, v in DOOM_DEFAULTS.items())
+        assert cfg.sampler_nice == DOOM_CPU_DEFAULTS["sampler_nice"] > 0  # learning on the CPU
         encoder = model.policy.encoders[list(model.policy.keys).index("screen")]
         assert isinstance(encoder, ConvEncoder)
         assert any(isinstance(m, torch.nn.ELU) for m in encoder.modules())
@@ -90,9 +91,11 @@ def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win():
 @pytest.mark.timeout(120)
 def test_doom_trains_in_worker_processes_and_predicts_with_state():
     """The rollout workers (spawned) register vizdoom's ids themselves, as they do ALE's."""
+    # sampler_nice=0 (the CPU default is 19): on a machine busy with other work the sampling
+    # would get a few percent of a core, and these tests are about mechanics, not speed
     with APPO("VizdoomBasic-v1", device="cpu", verbose=0, seed=0, cnn="tiny", rnn_size=16,
               num_workers=1, num_envs_per_worker=2, rollout=16, batch_size=64,
-              minibatch_size=32) as model:
+              minibatch_size=32, sampler_nice=0) as model:
         model.train(640)
         assert model.num_timesteps >= 640 and model.policy_version >= 1
         env = make_env("VizdoomBasic-v1")
@@ -116,7 +119,7 @@ def test_engines_of_a_killed_rollout_worker_do_not_outlive_it():
     before = _engines()
     with APPO("VizdoomBasic-v1", device="cpu", verbose=0, seed=0, cnn="tiny", use_rnn=False,
               num_workers=1, num_envs_per_worker=2, rollout=16, batch_size=64,
-              minibatch_size=32) as model:
+              minibatch_size=32, sampler_nice=0) as model:  # as above
         model.train(320)
         worker = next(p for p in model._runner.procs if p.name == "rollout-0")
         assert len(_engines() - before) == 2
