@@ -470,7 +470,8 @@ DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs
 # priority the sampling processes preempt one of them while the other waits for it, so the
 # learner burnt 1.40 cores for less work than 1.19 do at niceness 19 (HealthGatheringSupreme, 2
 # cores, medians of 2 alternated repeats: 487 -> 614 env steps/s, 1.02 -> 1.28 of Sample
-# Factory's example beside them; niceness 10: 591). docs/guides/vizdoom.md.
+# Factory's example beside them; niceness 10: 591; then 1.27x in 3 repeats), and VizDoom Basic
+# reached Sample Factory's 1M-frame return in 0.21-0.32 of its time. docs/guides/vizdoom.md.
 DOOM_CPU_DEFAULTS = dict(sampler_nice=19)
 FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 
@@ -567,10 +568,10 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
     the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
     ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
-    ``num_envs_per_worker``), Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a GPU (not ``cpu_only``), ``gpu_layout`` for the cores sets
-    whichever of the two counts is not set; without a family, the kind of ``actions``
-    (``ActionDistribution.kind``) gets its ACTION_DEFAULTS, and a ``turn_based`` game
-    TURN_BASED_DEFAULTS over them;
+    ``num_envs_per_worker``), Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a GPU (not
+    ``cpu_only``), ``gpu_layout`` for the cores sets whichever of the two counts is not set;
+    without a family, the kind of ``actions`` (``ActionDistribution.kind``) gets its
+    ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them;
     IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
     ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is rounded to a multiple of
     its slot. What the caller sets always wins."""

@@ -204,7 +204,7 @@ class ConvEncoder(nn.Module):
                 for t in (m.weight, m.bias)]
 
     def snapshot_bfloat16(self) -> None:
-        """bfloat16 copies of the weights for inference until they change (``snapshot_bfloat16``)."""
+        """bfloat16 copies of the weights for inference, until they change."""
         if self.bfloat16_on(self.fc[0].weight.device):
             snapshot_bfloat16(self, self._weights())
 

@@ -4,7 +4,7 @@ torch's CPU GRU (``torch.gru``) unrolls into per-step operations that autograd d
 by one: each step's backward multiplies two matrices, one of them the outer product that makes a
 whole [3H, H] weight gradient, which is then added to the sum. With the learner's short,
 narrow trajectories (32 steps of 8 trajectories a minibatch, H = 512) that is 64 weight-sized
-products and sums a minibatch: about half the time of VizDoom's learner step, memory-bound.
+products and sums a minibatch: about 40% of VizDoom's learner step here, memory-bound.
 
 ``gru_sequence`` computes the same function (PyTorch's gate order and equations: r, z, n;
 n = tanh(W_in x + b_in + r * (W_hn h + b_hn)); h' = (1 - z) * n + z * h) with the state zeroed

@@ -328,8 +328,9 @@ class RecurrentCore(nn.Module):
     """A GRU or LSTM cell between the features and the heads. Its state per env is one vector
     (an LSTM's h and c side by side), so that it fits one buffer entry. ``precision``
     (``Config.cnn_precision``, for the core behind an image encoder): a GRU on a CPU computes
-    its matrix products in bfloat16 where that computes bfloat16 (the state, the gates and the
-    weights stay float32; an LSTM, and a GPU's cuDNN kernels, compute float32)."""
+    its matrix products in bfloat16 where the precision says so ("auto": a CPU with native
+    bfloat16); the state, the gates and the weights stay float32; an LSTM, and a GPU's cuDNN
+    kernels, compute float32."""
 
     def __init__(self, kind: str, in_size: int, size: int, precision: str = "float32"):
         super().__init__()
@@ -346,7 +347,7 @@ class RecurrentCore(nn.Module):
         return not self.lstm and device.type == "cpu" and computes_bfloat16(self.precision, device)
 
     def snapshot_bfloat16(self) -> None:
-        """bfloat16 copies of the weights for inference until they change (``snapshot_bfloat16``)."""
+        """bfloat16 copies of the weights for inference, until they change."""
         if self.bfloat16_on(self.cell.weight_ih.device):
             snapshot_bfloat16(self, [self.cell.weight_ih, self.cell.weight_hh])
 
@@ -371,7 +372,7 @@ class RecurrentCore(nn.Module):
         sequences through the fused RNN kernel (``torch.gru``/``torch.lstm``, nn.GRU's, on the
         cell's own weights), cut only at the rows where some trajectory starts an episode (its
         state zeroed there): one call for most minibatches instead of T cell calls. A GRU on the
-        CPU runs ``gru_sequence`` instead (the same function, its backward pass ~2x faster)."""
+        CPU runs ``gru_sequence`` instead (the same function, with a cheaper backward pass)."""
         if starts is None:
             return self.step(x, state)
         T, B = starts.shape

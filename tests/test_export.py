@@ -183,19 +183,22 @@ def test_an_image_policy_exports_in_float32_and_the_model_keeps_its_precision(tm
         assert model.export(path) == fmt
     assert [p.precision for p in parts] == ["bfloat16"] * 2
     obs = np.random.default_rng(0).integers(0, 256, (64, 36, 36, 3), dtype=np.uint8)
-    state = np.random.default_rng(1).normal(0, 0.5, (64, model.policy.state_size)).astype(np.float32)
-    starts = np.zeros(64, dtype=bool)
+    state = np.random.default_rng(1).normal(0, 0.5, (64, model.policy.state_size))
+    state, starts = state.astype(np.float32), np.zeros(64, dtype=bool)
+
     def predict():  # (actions, next states [N, rnn_size]); predict's states are [1, N, rnn_size]
         actions, next_state = model.predict(obs, state=state[None], episode_start=starts,
                                             deterministic=True)
         return actions, next_state[0]
+
     bfloat16 = predict()
     for part in parts:
         part.precision = "float32"
     float32 = predict()
     for b16, f32 in zip(bfloat16, float32):  # the precisions differ here
         assert np.abs(b16 - f32).max() > 1e-3
-    got = onnxruntime.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"obs": obs, "state": state})
+    got = onnxruntime.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"obs": obs,
+                                                                            "state": state})
     scripted = torch.jit.load(str(tmp_path / "p.pt"))(torch.as_tensor(obs), torch.as_tensor(state))
     for ours, onnx, script in zip(float32, got, scripted):
         np.testing.assert_allclose(onnx, ours, rtol=0, atol=1e-5)

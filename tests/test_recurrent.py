@@ -185,7 +185,8 @@ def test_the_cpu_gru_over_trajectories_is_the_cell_stepped_with_resets():
     state = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
     starts = torch.rand(T, B) < 0.25
     starts[0, 0] = starts[3, 1] = True
-    w_out, w_last = torch.randn(T * B, H, dtype=torch.float64), torch.randn(B, H, dtype=torch.float64)
+    w_out = torch.randn(T * B, H, dtype=torch.float64)  # weights of a loss on both outputs
+    w_last = torch.randn(B, H, dtype=torch.float64)
 
     def outputs_and_grads(run):
         x.grad = state.grad = None
