@@ -182,7 +182,7 @@ class ConvEncoder(nn.Module):
         if not self.bfloat16_on(x.device):
             return self.fc(self.convs(x))
         if not torch.is_grad_enabled():  # inference: the weights of a snapshot, if taken
-            weights = iter(bfloat16_weights(self, self._weights()))
+            weights = iter(bfloat16_weights(self, self.bfloat16_tensors()))
             y = x.bfloat16()
             for layer in self._layers():
                 if isinstance(layer, nn.Conv2d):
@@ -199,14 +199,10 @@ class ConvEncoder(nn.Module):
     def _layers(self) -> List[nn.Module]:
         return [*self.convs, *self.fc]
 
-    def _weights(self) -> List[torch.Tensor]:
+    def bfloat16_tensors(self) -> List[torch.Tensor]:
+        """The weights inference computes with in bfloat16 (``bfloat16_weights``)."""
         return [t for m in self._layers() if isinstance(m, (nn.Conv2d, nn.Linear))
                 for t in (m.weight, m.bias)]
-
-    def snapshot_bfloat16(self) -> None:
-        """bfloat16 copies of the weights for inference, until they change."""
-        if self.bfloat16_on(self.fc[0].weight.device):
-            snapshot_bfloat16(self, self._weights())
 
 
 class SmallGrid(nn.Module):

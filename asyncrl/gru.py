@@ -23,8 +23,18 @@ from torch.autograd.function import once_differentiable
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, low) -> torch.Tensor:
-    """a @ b, in ``low`` precision (a dtype; float32 out) or as given (None)."""
+    """a @ b, in ``low`` precision (a dtype: operands cast, unless they are already, and the
+    result back to float32) or as given (None)."""
     return a @ b if low is None else (a.to(low) @ b.to(low)).float()
+
+
+def _cell(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor):
+    """One step from the input-side and state-side pre-activations ``gi``, ``gh`` [N, 3H]
+    (biases in) and the state ``h`` [N, H]: (r and z [N, 2H], n [N, H], h' [N, H])."""
+    H = h.shape[-1]
+    rz = torch.sigmoid(gi[:, :2 * H] + gh[:, :2 * H])
+    n = torch.tanh(torch.addcmul(gi[:, 2 * H:], rz[:, :H], gh[:, 2 * H:]))
+    return rz, n, torch.addcmul(n, rz[:, H:], h - n)  # (1 - z) n + z h
 
 
 def gru_step(x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
@@ -32,13 +42,9 @@ def gru_step(x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.T
     """One step of ``gru_sequence``'s function for inference, its products in the weights' dtype
     (bfloat16 copies: as the learner's ``low`` computes them), the biases and the rest float32:
     h' [N, H]."""
-    H = h.shape[-1]
-    gi = (x.to(w_ih.dtype) @ w_ih.t()).float().add_(b_ih)
-    gh = (h.to(w_hh.dtype) @ w_hh.t()).float().add_(b_hh)
-    rz = torch.sigmoid(gi[:, :2 * H] + gh[:, :2 * H])
-    r, z = rz[:, :H], rz[:, H:]
-    n = torch.tanh(torch.addcmul(gi[:, 2 * H:], r, gh[:, 2 * H:]))
-    return torch.addcmul(n, z, h - n)
+    gi = _mm(x, w_ih.t(), w_ih.dtype).add_(b_ih)
+    gh = _mm(h, w_hh.t(), w_hh.dtype).add_(b_hh)
+    return _cell(gi, gh, h)[2]
 
 
 class _GRUSequence(torch.autograd.Function):
@@ -46,7 +52,7 @@ class _GRUSequence(torch.autograd.Function):
     def forward(ctx, x, state, keep, w_ih, w_hh, b_ih, b_hh, low):
         T, B, _ = x.shape
         H = state.shape[-1]
-        w_hh_t = w_hh.t() if low is None else w_hh.to(low).t()
+        w_hh_t = (w_hh if low is None else w_hh.to(low)).t()  # cast once, not every step
         gi = (_mm(x.reshape(T * B, -1), w_ih.t(), low) + b_ih).view(T, B, 3 * H)
         out = x.new_empty(T, B, H)
         h_in = x.new_empty(T, B, H)  # each step's input state (after the episode-start zeroing)
@@ -55,17 +61,13 @@ class _GRUSequence(torch.autograd.Function):
         h = state
         for t in range(T):
             h = torch.mul(h, keep[t], out=h_in[t])
-            gh = (h if low is None else h.to(low)) @ w_hh_t
-            gh = gh.float().add_(b_hh) if low is not None else gh.add_(b_hh)
-            g = gates[t]
-            torch.sigmoid(gi[t, :, :2 * H] + gh[:, :2 * H], out=g[:, :2 * H])
-            r, z, n = g[:, :H], g[:, H:2 * H], g[:, 2 * H:]
+            gh = _mm(h, w_hh_t, low).add_(b_hh)
             gh_n[t] = gh[:, 2 * H:]
-            torch.tanh(torch.addcmul(gi[t, :, 2 * H:], r, gh_n[t]), out=n)
-            h = torch.addcmul(n, z, h - n, out=out[t])  # (1 - z) n + z h
+            rz, n, h = _cell(gi[t], gh, h)
+            gates[t, :, :2 * H], gates[t, :, 2 * H:], out[t] = rz, n, h
         ctx.low = low
         ctx.save_for_backward(x, keep, w_ih, w_hh, h_in, gates, gh_n)
-        return out, h.clone()
+        return out, h
 
     @staticmethod
     @once_differentiable

@@ -277,9 +277,10 @@ class ActorCritic(nn.Module):
         std: two operations where the normaliser takes five). Rebuild it after the weights or
         statistics change. Other models return ``forward`` itself, their bfloat16 image encoder and
         core with a snapshot of their weights in bfloat16 (reused until the weights change)."""
+        device = next(self.parameters()).device
         for module in self.modules():
-            if isinstance(module, (ConvEncoder, RecurrentCore)):
-                module.snapshot_bfloat16()
+            if isinstance(module, (ConvEncoder, RecurrentCore)) and module.bfloat16_on(device):
+                snapshot_bfloat16(module, module.bfloat16_tensors())
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
                    and self.core is None and not self.centralized
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
@@ -346,21 +347,19 @@ class RecurrentCore(nn.Module):
     def bfloat16_on(self, device: torch.device) -> bool:
         return not self.lstm and device.type == "cpu" and computes_bfloat16(self.precision, device)
 
-    def snapshot_bfloat16(self) -> None:
-        """bfloat16 copies of the weights for inference, until they change."""
-        if self.bfloat16_on(self.cell.weight_ih.device):
-            snapshot_bfloat16(self, [self.cell.weight_ih, self.cell.weight_hh])
+    def bfloat16_tensors(self) -> List[torch.Tensor]:
+        """The weights a step computes with in bfloat16 (``bfloat16_weights``)."""
+        return [self.cell.weight_ih, self.cell.weight_hh]
 
     def step(self, x: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.lstm:
             h, c = self.cell(x, tuple(state.chunk(2, -1)))
             return h, torch.cat([h, c], -1)
         if self.bfloat16_on(x.device):
-            cell = self.cell
-            w_ih, w_hh = (bfloat16_weights(self, [cell.weight_ih, cell.weight_hh])
+            w_ih, w_hh = (bfloat16_weights(self, self.bfloat16_tensors())
                           if not torch.is_grad_enabled()
-                          else (cell.weight_ih.bfloat16(), cell.weight_hh.bfloat16()))
-            h = gru_step(x, state, w_ih, w_hh, cell.bias_ih, cell.bias_hh)
+                          else [w.bfloat16() for w in self.bfloat16_tensors()])
+            h = gru_step(x, state, w_ih, w_hh, self.cell.bias_ih, self.cell.bias_hh)
         else:
             h = self.cell(x, state)
         return h, h

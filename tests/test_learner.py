@@ -212,14 +212,14 @@ def test_bfloat16_inference_reuses_only_a_policy_workers_snapshot_of_current_wei
         adam_step(opt)
     assert torch.equal(run(False), run(True))  # not the weights before the step
     forward = model.fused_forward()  # a policy worker's, after a load
-    snap = bfloat16_weights(enc, enc._weights())
-    assert all(a is b for a, b in zip(snap, bfloat16_weights(enc, enc._weights())))  # reused
+    snap = bfloat16_weights(enc, enc.bfloat16_tensors())
+    assert all(a is b for a, b in zip(snap, bfloat16_weights(enc, enc.bfloat16_tensors())))  # reused
     with torch.no_grad():
         assert torch.equal(forward(obs, state=state)[0], run(True)[:, :4])
         new = {k: v * 1.1 for k, v in model.state_dict().items()}
         model.load_state_dict(new)  # as SharedWeights.load: copy_ into the same tensors
     assert torch.equal(run(False), run(True))  # the stale snapshot is not used
-    assert not any(a is b for a, b in zip(snap, bfloat16_weights(enc, enc._weights())))
+    assert not any(a is b for a, b in zip(snap, bfloat16_weights(enc, enc.bfloat16_tensors())))
     assert core.bfloat16_on(torch.device("cpu"))
 
 
