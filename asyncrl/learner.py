@@ -188,6 +188,85 @@ class FlatGrads:
         return norm
 
 
+class BatchTargets:
+    """The V-trace targets of a whole batch, computed before the epochs (``Learner.targets``),
+    as the minibatches take them: the normalised returns and old values, the advantages, the
+    PPO ratio's reference and the policy's log-probabilities at the update's start. The running
+    normalisers move once per batch, after the targets were computed with the statistics the
+    samples were drawn with; values are learnt in the normalised scale."""
+
+    def __init__(self, learner: "Learner", batch: Batch, obs: Dict[str, torch.Tensor],
+                 vt: VTraceReturns, old_values: torch.Tensor, old_log_probs: torch.Tensor,
+                 keep: torch.Tensor):
+        model = learner.model
+        T, B = batch.rewards.shape
+        returns = vt.vs.flatten()
+        self.ev = explained_variance(old_values.flatten()[keep], returns[keep])
+        model.update_normalizers(index_obs(obs, slice(0, T * B)), returns, keep)
+        self.returns = model.normalize_values(returns)
+        self.old_values = model.normalize_values(old_values.flatten())
+        self.advantages = vt.pg_advantages.flatten()
+        self.start_log_probs = old_log_probs.flatten()
+        self.ratio_ref = self._ratio_ref(learner, batch)
+
+    def _ratio_ref(self, learner: "Learner", batch: Batch) -> torch.Tensor:
+        """The ratio's reference: the learner's policy at the targets (the lag is in V-trace's
+        weight), or the policy that sampled."""
+        return self.start_log_probs if learner.cfg.decoupled_clip else batch.log_probs.flatten()
+
+    def samples(self) -> tuple:
+        """The per-sample targets [T*B] in ``Learner._minibatch_step``'s order."""
+        return self.ratio_ref, self.advantages, self.old_values, self.returns
+
+    def explained_variance(self) -> float:
+        return self.ev
+
+
+class FirstEpochTargets(BatchTargets):
+    """The same targets made in the first epoch (``Learner.targets_in_first_epoch``): each of
+    its minibatches of whole trajectories is evaluated with grad over its T+1 steps (the last
+    one's value bootstraps), the loss takes the T steps' outputs and V-trace the detached ones,
+    so no forward pass over the batch comes before the epochs. The normalisers move a
+    minibatch at a time, after its targets; the later epochs reuse the targets."""
+
+    def __init__(self, learner: "Learner", batch: Batch, obs: Dict[str, torch.Tensor],
+                 mask: Optional[torch.Tensor], keep: torch.Tensor):
+        T, B = batch.rewards.shape
+        self.learner, self.batch, self.obs, self.mask, self.keep = learner, batch, obs, mask, keep
+        (self.returns, self.old_values, self.advantages, self.start_log_probs, self.raw_returns,
+         self.raw_values) = torch.empty(6, T * B, device=learner.device)
+        self.ratio_ref = self._ratio_ref(learner, batch)
+
+    def first_epoch(self, rng: torch.Generator):
+        """Per minibatch of the first epoch, its targets filled in first: (sample indices
+        [T*C], {}, the model's (log-probabilities, entropies, values) of them, with grad)."""
+        learner, batch, model = self.learner, self.batch, self.learner.model
+        T, B = batch.rewards.shape
+        actions = batch.actions.flatten(0, 1)
+        actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
+        for cols, idx, rec in learner._columns(batch, T + 1, torch.randperm(B, generator=rng)):
+            mb_obs = index_obs(self.obs, idx)
+            lp, entropy, v = model.evaluate(mb_obs, actions[idx],
+                                            None if self.mask is None else self.mask[idx], **rec)
+            n = T * len(cols)
+            rows = idx[:n]  # time-major: the chunk's first T steps
+            with torch.no_grad():
+                log_probs = lp.detach().view(T + 1, -1)[:T]
+                values = model.denormalize_values(v.detach().view(T + 1, -1))
+                vt = learner._vtrace(batch, log_probs, values, cols)
+                returns, old_values = vt.vs.flatten(), values[:T].flatten()
+                model.update_normalizers(index_obs(mb_obs, slice(0, n)), returns, self.keep[rows])
+                self.raw_returns[rows], self.raw_values[rows] = returns, old_values
+                self.returns[rows] = model.normalize_values(returns)
+                self.old_values[rows] = model.normalize_values(old_values)
+                self.advantages[rows] = vt.pg_advantages.flatten()
+                self.start_log_probs[rows] = log_probs.flatten()
+            yield rows, {}, (lp[:n], entropy[:n], v[:n])
+
+    def explained_variance(self) -> float:
+        return explained_variance(self.raw_values[self.keep], self.raw_returns[self.keep])
+
+
 class Learner:
     def __init__(self, cfg: Config, policy_spec: PolicySpec, device: str, buffers: TrajectoryBuffers,
                  weights: SharedWeights, optimizer_state: SharedOptimizerState,
@@ -433,28 +512,30 @@ class Learner:
         """Every sample was drawn by these very weights (synchronous PPO: always)."""
         return batch.values is not None and bool((batch.policy_versions == self.version).all())
 
-    def one_step(self, batch: Batch) -> bool:
-        """One gradient step covers the whole batch (one epoch, one minibatch: Sample Factory's
-        Doom settings) and the samples' values must be recomputed: the forward pass of the
-        targets is then the loss's too. Its observations are normalised with the statistics
-        from before this batch's update of them (two passes would use the updated ones)."""
+    def targets_in_first_epoch(self, batch: Batch) -> bool:
+        """Whether the first epoch's forward passes give the targets too, a minibatch's columns at
+        a time (Sample Factory's V-trace per minibatch): then no forward pass over the batch
+        comes before the epochs. It takes minibatches of whole trajectories, which a recurrent
+        model's are, and a feed-forward model's when one minibatch holds the batch; and samples
+        whose values must be recomputed (not ``recorded_exact``). With more than one minibatch a
+        chunk's targets come from the weights the chunks before it trained, so the update's
+        starting policy is not known to the later ones: not with ``decoupled_clip`` or
+        ``target_kl``, which measure from it."""
         T, B = batch.rewards.shape
         cfg = self.cfg
-        return cfg.num_epochs == 1 and cfg.minibatch_size >= T * B and not self.recorded_exact(batch)
+        one_pass = cfg.minibatch_size >= T * B
+        columns = one_pass or batch.rnn_state is not None
+        return (columns and not self.recorded_exact(batch)
+                and (one_pass or (not cfg.decoupled_clip and cfg.target_kl is None)))
 
     @torch.no_grad()
-    def targets(self, batch: Batch, obs: Dict[str, torch.Tensor], mask: Optional[torch.Tensor],
-                keep_graph: bool = False) -> Tuple[VTraceReturns, torch.Tensor, torch.Tensor, Any]:
+    def targets(self, batch: Batch, obs: Dict[str, torch.Tensor],
+                mask: Optional[torch.Tensor]) -> Tuple[VTraceReturns, torch.Tensor, torch.Tensor]:
         """V-trace targets of ``batch`` under the current model, once per batch, and the
         model's values V(x_t) and log-probabilities of the taken actions [T, B] before this
         update (for value clipping and the decoupled PPO ratio). ``obs``: the batch's
-        [(T+1)*B, ...] observations as ``model.prepare`` made them; ``mask`` [(T+1)*B, M].
-        With ``keep_graph`` (``one_step``) the whole batch runs in one forward pass with grad,
-        whose (log_probs, entropy, normalised values) of the T*B samples come back last, for
-        the loss; else that is None."""
-        cfg = self.cfg
+        [(T+1)*B, ...] observations as ``model.prepare`` made them; ``mask`` [(T+1)*B, M]."""
         T, B = batch.rewards.shape
-        evaluated = None
         if self.recorded_exact(batch):
             # Every sample was drawn by these very weights (synchronous PPO: always): the policy
             # worker's log-probabilities and values are this model's, so only the bootstrap
@@ -466,17 +547,6 @@ class Learner:
             last = index_obs(obs, slice(T * B, None))
             state = None if batch.rnn_state is None else batch.rnn_state[T]
             values = torch.cat([batch.values, self.model(last, prepared=True, state=state)[1].view(1, B)])
-        elif keep_graph:
-            actions = batch.actions.flatten(0, 1)
-            actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
-            rec = ({} if batch.rnn_state is None else
-                   dict(state=batch.rnn_state[0], starts=batch.episode_starts()))
-            with torch.enable_grad():  # (the slices too: views made under no_grad lose the graph)
-                lp, entropy, v = self.model.evaluate(obs, actions, mask, **rec)
-                # values in the head's own scale, as the loss takes them
-                evaluated = (lp[:T * B], entropy[:T * B], v[:T * B])
-            log_probs = lp.detach().view(T + 1, B)[:T]
-            values = self.model.denormalize_values(v.detach().view(T + 1, B))
         else:
             actions = batch.actions.flatten(0, 1)
             actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
@@ -490,22 +560,31 @@ class Learner:
                                                None if mask is None else mask[idx], **rec)
                 log_probs.view(-1)[idx], values.view(-1)[idx] = lp, v
             log_probs, values = log_probs[:T], self.model.denormalize_values(values)
-        rewards = batch.rewards
+        return self._vtrace(batch, log_probs, values), values[:T], log_probs
+
+    def _vtrace(self, batch: Batch, log_probs: torch.Tensor, values: torch.Tensor,
+                cols=slice(None)) -> VTraceReturns:
+        """V-trace targets of ``batch``'s trajectories ``cols`` from the model's ``log_probs``
+        [T, C] of the taken actions and ``values`` [T+1, C] (in the returns' scale)."""
+        cfg = self.cfg
+        T = log_probs.shape[0]
+        rewards = batch.rewards[:, cols]
         if cfg.reward_clip is not None:  # logged returns stay raw: the workers sum raw rewards
             rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         if cfg.bootstrap_truncation:  # a time limit is not a terminal state
-            rewards = rewards + cfg.gamma * values[:T] * batch.truncated
-        discounts = cfg.gamma * (~batch.dones).float()
-        log_rhos, lam = log_probs - batch.log_probs, cfg.vtrace_lambda
+            rewards = rewards + cfg.gamma * values[:T] * batch.truncated[:, cols]
+        dones = batch.dones[:, cols]
+        discounts = cfg.gamma * (~dones).float()
+        log_rhos, lam = log_probs - batch.log_probs[:, cols], cfg.vtrace_lambda
         if batch.waiting is not None:  # rows without a move pass the return on, undiscounted
-            discounts = torch.where(batch.waiting, (~batch.dones).float(), discounts)
-            log_rhos = log_rhos.masked_fill(batch.waiting, 0.0)
-            lam = torch.where(batch.waiting, 1.0, lam)
-        vt = vtrace(log_rhos, discounts, rewards, values[:T], values[T],
-                    clip_rho_threshold=cfg.vtrace_rho_clip,
-                    clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
-                    clip_c_threshold=cfg.vtrace_c_clip, lam=lam)
-        return vt, values[:T], log_probs, evaluated
+            waiting = batch.waiting[:, cols]
+            discounts = torch.where(waiting, (~dones).float(), discounts)
+            log_rhos = log_rhos.masked_fill(waiting, 0.0)
+            lam = torch.where(waiting, 1.0, lam)
+        return vtrace(log_rhos, discounts, rewards, values[:T], values[T],
+                      clip_rho_threshold=cfg.vtrace_rho_clip,
+                      clip_pg_rho_threshold=cfg.vtrace_pg_rho_clip,
+                      clip_c_threshold=cfg.vtrace_c_clip, lam=lam)
 
     def train_on(self, batch: Batch) -> Optional[dict]:
         """One update over ``batch``; None if the run was stopped in the middle of it (a pause
@@ -519,81 +598,83 @@ class Learner:
         valid = (lag <= cfg.max_policy_lag) & (batch.policy_versions >= self.ctl[Ctl.MIN_VERSION])
         if not valid.any():
             return {}
-        vt, old_values, old_log_probs, evaluated = self.targets(batch, obs, mask, self.one_step(batch))
-        advantages, returns = vt.pg_advantages.flatten(), vt.vs.flatten()
         keep = valid.flatten()
-        ev = explained_variance(old_values.flatten()[keep], returns[keep])
-        steps = index_obs(obs, slice(0, T * B))
-        # The running normalisers move once per batch, after the targets were computed with the
-        # statistics the samples were drawn with; values are learnt in the normalised scale.
-        model.update_normalizers(steps, returns, keep)
-        returns, old_values = model.normalize_values(returns), model.normalize_values(old_values.flatten())
-        # The ratio's reference: the learner's policy now (the lag is in V-trace's weight), or
-        # the policy that sampled.
-        ratio_ref = (old_log_probs if cfg.decoupled_clip else batch.log_probs).flatten()
         # A turn-based game's rows without a move train the value, not the policy.
         moves = keep if batch.waiting is None else keep & ~batch.waiting.flatten()
-        stats = self._epochs(batch, steps, batch.actions.flatten(0, 1),
-                             None if mask is None else mask[:T * B], ratio_ref, advantages,
-                             old_values, returns, keep, moves, evaluated, old_log_probs.flatten())
+        actions = batch.actions.flatten(0, 1)
+        if self.targets_in_first_epoch(batch):
+            targets = FirstEpochTargets(self, batch, obs, mask, keep)
+        else:
+            vt, old_values, old_log_probs = self.targets(batch, obs, mask)
+            targets = BatchTargets(self, batch, obs, vt, old_values, old_log_probs, keep)
+        stats = self._epochs(batch, obs, actions, mask, targets, keep, moves)
         if stats is None:
             return None
         valid_lag = lag[valid]
-        stats.update(explained_variance=ev, policy_lag_mean=float(valid_lag.mean()),
+        stats.update(explained_variance=targets.explained_variance(), policy_lag_mean=float(valid_lag.mean()),
                      policy_lag_max=float(valid_lag.max()), masked_fraction=1.0 - float(valid.float().mean()),
                      version=self.version + 1)
         stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
         return stats
 
+    def _columns(self, batch: Batch, rows: int, order: Optional[torch.Tensor] = None):
+        """(columns, flat time-major indices, recurrent arguments) of minibatch-sized groups of
+        whole trajectories (the first ``rows`` steps of columns of ``batch``, in ``order``), a
+        recurrent model's run from their stored state."""
+        T, B = batch.rewards.shape
+        starts = None if batch.rnn_state is None else batch.episode_starts()[:rows]
+        order = torch.arange(B) if order is None else order
+        for cols in order.split(max(1, self.cfg.minibatch_size // T)):
+            cols = cols.to(self.device)
+            idx = (torch.arange(rows, device=self.device)[:, None] * B + cols).flatten()
+            yield cols, idx, ({} if starts is None else
+                              dict(state=batch.rnn_state[0, cols], starts=starts[:, cols]))
+
     def _chunks(self, batch: Batch, rows: int, order: Optional[torch.Tensor] = None):
         """(flat time-major indices, recurrent arguments) of minibatch-sized parts of the first
         ``rows`` steps of ``batch``: samples for a feed-forward model, whole trajectories
-        (columns, run from their stored state) for a recurrent one; ``order`` permutes a
-        recurrent model's columns (a feed-forward model's parts are contiguous slices, no
-        copies: its epochs shuffle the samples themselves)."""
+        (``_columns``) for a recurrent one; ``order`` permutes a recurrent model's columns (a
+        feed-forward model's parts are contiguous slices, no copies: its epochs shuffle the
+        samples themselves)."""
         T, B = batch.rewards.shape
         n = self.cfg.minibatch_size
         if batch.rnn_state is None:
             for i in range(0, rows * B, n):
                 yield slice(i, i + n), {}
             return
-        starts = batch.episode_starts()[:rows]
-        order = torch.arange(B) if order is None else order
-        for cols in order.split(max(1, n // T)):
-            cols = cols.to(self.device)
-            idx = (torch.arange(rows, device=self.device)[:, None] * B + cols).flatten()
-            yield idx, dict(state=batch.rnn_state[0, cols], starts=starts[:, cols])
+        for _, idx, rec in self._columns(batch, rows, order):
+            yield idx, rec
 
-    def _epochs(self, batch, obs, actions, mask, ratio_ref, advantages, old_values, returns,
-                keep, moves, evaluated, start_log_probs) -> Optional[dict]:
+    def _epochs(self, batch, obs, actions, mask, targets, keep, moves) -> Optional[dict]:
         """num_epochs passes of shuffled minibatches over the batch's [T*B] samples (whole
         trajectories for a recurrent model); masked (stale or restarted) samples take part in
         no loss and no advantage normalisation, and only ``moves`` of the kept ones in the
-        policy's terms. ``evaluated``: the model's outputs for the whole batch, with grad
-        (``one_step``): one step on them, no forward pass. ``start_log_probs``: the policy's
-        log-probabilities before the update (target_kl's reference)."""
+        policy's terms. ``targets`` (BatchTargets or FirstEpochTargets) holds the per-sample
+        targets, or makes them in the first epoch."""
         T, B = batch.rewards.shape
         cfg = self.cfg
-        n = advantages.shape[0]
+        n = T * B
         clip_coef = None if cfg.algo == "impala" else cfg.clip_coef
         # Where every sample counts (none stale or restarted: the usual case), plain means.
         weight = None if bool(keep.all()) else keep.float()
         pg_weight = weight if moves is keep else moves.float()
         # the per-sample tensors beside the observations, in _minibatch_step's order
-        samples = (actions, mask, ratio_ref, advantages, old_values, returns, weight, pg_weight,
-                   start_log_probs)
+        samples = (actions, None if mask is None else mask[:n], *targets.samples(), weight,
+                   pg_weight, targets.start_log_probs)
 
         def take(tensors: tuple, idx) -> tuple:
             return tuple(None if x is None else x[idx] for x in tensors)
 
         def minibatches():
-            """(observations, samples, recurrent arguments) per minibatch."""
-            for _ in range(cfg.num_epochs):
+            """(observations, samples, recurrent arguments, evaluated outputs) per minibatch."""
+            for epoch in range(cfg.num_epochs):
+                if epoch == 0 and isinstance(targets, FirstEpochTargets):
+                    for idx, rec, evaluated in targets.first_epoch(self.rng):
+                        yield None, take(samples, idx), rec, evaluated
+                    continue
                 # drawn from the CPU generator (saved in checkpoints) also when training on a GPU
                 order = torch.randperm(n if batch.rnn_state is None else B, generator=self.rng)
-                if evaluated is not None:
-                    yield obs, samples, {}
-                elif batch.rnn_state is None:
+                if batch.rnn_state is None:
                     # The samples shuffled once an epoch, their minibatches contiguous views: one
                     # gather a tensor an epoch, not one a minibatch (~20 us each on a CPU). The
                     # observations are gathered a minibatch at a time (a whole shuffled copy of
@@ -602,14 +683,14 @@ class Learner:
                     shuffled = take(samples, order)
                     for start in range(0, n, cfg.minibatch_size):
                         rows = slice(start, start + cfg.minibatch_size)
-                        yield index_obs(obs, order[rows]), take(shuffled, rows), {}
+                        yield index_obs(obs, order[rows]), take(shuffled, rows), {}, None
                 else:
                     for idx, rec in self._chunks(batch, T, order):
-                        yield index_obs(obs, idx), take(samples, idx), rec
+                        yield index_obs(obs, idx), take(samples, idx), rec, None
 
         sums, num_steps, skipped = torch.zeros(len(MINIBATCH_STATS), device=self.device), 0, 0
         stopped_early = 0
-        for mb_obs, mb, rec in minibatches():
+        for mb_obs, mb, rec, evaluated in minibatches():
             if self.ctl.stopping:
                 return None
             out = self._minibatch_step(mb_obs, *mb, clip_coef, rec, evaluated)

@@ -77,7 +77,7 @@ def test_reward_clipping_in_learner_clips_targets_not_the_stored_rewards():
     dones = torch.ones(T, B, dtype=torch.bool)  # every step terminal: v_s = clipped r_s
     batch = Batch({"obs": obs}, actions, log_probs.view(T, B), torch.tensor([[21.0, -5.0]] * T), dones,
                   torch.zeros(T, B, dtype=torch.bool), torch.zeros(T, B, dtype=torch.int64))
-    vt, _, _, _ = learner.targets(batch, {"obs": obs.flatten(0, 1)}, None)
+    vt, _, _ = learner.targets(batch, {"obs": obs.flatten(0, 1)}, None)
     torch.testing.assert_close(vt.vs, torch.tensor([[1.0, -1.0]] * T))
     # the batch keeps the raw rewards (the workers' logged returns are summed from them)
     assert batch.rewards.tolist() == [[21.0, -5.0]] * T

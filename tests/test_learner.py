@@ -43,7 +43,7 @@ def on_policy_batch(learner, done_at, truncated):
 def test_truncation_bootstraps_from_value(bootstrap):
     learner = make_learner(bootstrap_truncation=bootstrap)
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=True)
-    vt, values, _, _ = learner.targets(batch, {"obs": batch.obs["obs"].flatten(0, 1)}, None)
+    vt, values, _ = learner.targets(batch, {"obs": batch.obs["obs"].flatten(0, 1)}, None)
     gamma = learner.cfg.gamma
     # discount 0 at the end: v_s = r_s (+ gamma * V(x_s) when the end was a time limit)
     expected = 1.0 + (gamma * values[2, 1] if bootstrap else 0.0)
@@ -53,7 +53,7 @@ def test_truncation_bootstraps_from_value(bootstrap):
 def test_termination_never_bootstraps():
     learner = make_learner(bootstrap_truncation=True)
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
-    vt, _, _, _ = learner.targets(batch, {"obs": batch.obs["obs"].flatten(0, 1)}, None)
+    vt, _, _ = learner.targets(batch, {"obs": batch.obs["obs"].flatten(0, 1)}, None)
     assert vt.vs[2, 1].item() == pytest.approx(1.0, abs=1e-5)
 
 
@@ -143,7 +143,7 @@ def test_targets_in_minibatch_chunks_equal_one_pass_over_the_batch():
     learner = make_learner(minibatch_size=4)  # (T+1)*B = 18 frames: chunks of 4, 4, 4, 4, 2
     batch = on_policy_batch(learner, done_at=(2, 1), truncated=False)
     obs = {"obs": batch.obs["obs"].flatten(0, 1)}
-    vt, values, log_probs, _ = learner.targets(batch, obs, None)
+    vt, values, log_probs = learner.targets(batch, obs, None)
     with torch.no_grad():
         all_log_probs, _, all_values = learner.model.evaluate(
             obs, torch.cat([batch.actions.flatten(0, 1), batch.actions[0]]))
@@ -291,7 +291,7 @@ def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passe
     rollout, cols = 4, 6
     # normalize_obs off: the one pass normalises the observations with the statistics from
     # before this batch's update of them, the second of two passes with the updated ones
-    # (Learner.one_step), so the two updates are equal only without it
+    # (Learner.targets_in_first_epoch), so the two updates are equal only without it
     kw = dict(num_epochs=1, minibatch_size=rollout * cols, batch_size=rollout * cols,
               rollout=rollout, use_rnn=use_rnn, rnn_size=8, normalize_returns=normalize_returns,
               normalize_obs=False)
@@ -312,9 +312,9 @@ def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passe
         # plain SGD: Adam's first step is lr * sign(gradient), which float noise flips where a
         # gradient is ~0
         learner.optimizer = torch.optim.SGD(learner.model.parameters(), lr=0.1)
-        assert learner.one_step(batch)
+        assert learner.targets_in_first_epoch(batch)
         if not one_step:
-            learner.one_step = lambda b: False
+            learner.targets_in_first_epoch = lambda b: False
         seen = []
         hook = learner.model.action_head.register_forward_hook(lambda m, args, out: seen.append(1))
         assert learner.train_on(batch)
@@ -326,6 +326,60 @@ def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passe
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(a, c) for a, c in zip(learners[0].model.parameters(),
                                                       initial.parameters()))
+
+
+@pytest.mark.parametrize("normalize_returns", [False, True])
+def test_a_recurrent_first_epoch_makes_each_minibatchs_targets_as_its_own_batch_would(normalize_returns):
+    """A recurrent model's minibatches are whole trajectories: the first epoch's forward pass of
+    each gives its targets too (no pass over the batch before the epochs). The update equals
+    training the minibatches' columns one after another as batches of their own (each with a
+    targets pass under the weights the ones before it trained)."""
+    import copy
+    rollout, cols, per_minibatch = 4, 6, 2
+    kw = dict(num_epochs=1, minibatch_size=rollout * per_minibatch, batch_size=rollout * cols,
+              rollout=rollout, use_rnn=True, rnn_size=8, normalize_returns=normalize_returns,
+              normalize_obs=False, target_kl=None)
+    fused, reference = make_learner(**kw), make_learner(**kw)
+    reference.model = copy.deepcopy(fused.model)
+    initial = copy.deepcopy(fused.model)
+    torch.manual_seed(4)
+    batch = Batch({"obs": torch.randn(rollout + 1, cols, 4)}, torch.randint(0, 2, (rollout, cols, 1)),
+                  torch.full((rollout, cols), -0.7), torch.randn(rollout, cols),
+                  torch.rand(rollout, cols) < 0.2, torch.zeros(rollout, cols, dtype=torch.bool),
+                  torch.zeros(rollout, cols, dtype=torch.int64),
+                  rnn_state=torch.randn(rollout + 1, cols, initial.state_size))
+    rng = torch.Generator()
+    rng.set_state(fused.rng.get_state())
+    order = torch.randperm(cols, generator=rng)  # the columns' order in the fused epoch
+    passes = []
+    for learner in (fused, reference):
+        learner.version = 1  # the samples are one version old: values are recomputed
+        learner.ctl = type("Ctl", (), {"stopping": False, "__getitem__": lambda self, k: 0})()
+        learner.optimizer = torch.optim.SGD(learner.model.parameters(), lr=0.1)
+        seen = []
+        learner.model.action_head.register_forward_hook(lambda m, args, out, seen=seen: seen.append(1))
+        passes.append(seen)
+    assert fused.targets_in_first_epoch(batch)
+    assert fused.train_on(batch)
+    reference.targets_in_first_epoch = lambda b: False
+    for group in order.split(per_minibatch):
+        part = Batch(*(None if x is None else
+                       {k: v[:, group] for k, v in x.items()} if isinstance(x, dict) else x[:, group]
+                       for x in batch))
+        assert reference.train_on(part)
+    assert len(passes[0]) == cols // per_minibatch and len(passes[1]) == 2 * len(passes[0])
+    for a, b, c in zip(fused.model.parameters(), reference.model.parameters(), initial.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(a, c) for a, c in zip(fused.model.parameters(), initial.parameters()))
+    if normalize_returns:
+        torch.testing.assert_close(fused.model.value_norm.mean, reference.model.value_norm.mean)
+    # where the update's starting policy is needed, and for a feed-forward model's shuffled
+    # samples, the targets come before the epochs
+    for overrides in (dict(target_kl=0.02), dict(decoupled_clip=True), dict(use_rnn=False)):
+        learner = make_learner(**{**kw, **overrides})
+        learner.version = 1
+        part = batch if learner.cfg.use_rnn else batch._replace(rnn_state=None)
+        assert not learner.targets_in_first_epoch(part), overrides
 
 
 def make_masking_learner(**overrides):

@@ -53,7 +53,7 @@ def test_rows_without_a_move_pass_the_return_on_undiscounted():
     rewards[0, 0], rewards[1, 0], rewards[2, 0] = 1.0, -1.0, 2.0
     batch = batch._replace(rewards=rewards, waiting=waiting,
                            log_probs=batch.log_probs.masked_fill(waiting, -50.0))  # any action
-    vt, values, _, _ = learner.targets(batch, {"obs": batch.obs["obs"].flatten(0, 1)}, None)
+    vt, values, _ = learner.targets(batch, {"obs": batch.obs["obs"].flatten(0, 1)}, None)
     v = values[:, 0]
     assert vt.vs[2, 0].item() == pytest.approx(2.0, abs=1e-5)
     assert vt.vs[1, 0].item() == pytest.approx(-1.0 + 2.0, abs=1e-5)
