@@ -227,7 +227,8 @@ class FirstEpochTargets(BatchTargets):
     its minibatches of whole trajectories is evaluated with grad over its T+1 steps (the last
     one's value bootstraps), the loss takes the T steps' outputs and V-trace the detached ones,
     so no forward pass over the batch comes before the epochs. The normalisers move a
-    minibatch at a time, after its targets; the later epochs reuse the targets."""
+    minibatch at a time, after its targets; the later epochs reuse the targets, the returns and
+    old values normalised again with the batch's final statistics."""
 
     def __init__(self, learner: "Learner", batch: Batch, obs: Dict[str, torch.Tensor],
                  mask: Optional[torch.Tensor], keep: torch.Tensor):
@@ -262,6 +263,9 @@ class FirstEpochTargets(BatchTargets):
                 self.advantages[rows] = vt.pg_advantages.flatten()
                 self.start_log_probs[rows] = log_probs.flatten()
             yield rows, {}, (lp[:n], entropy[:n], v[:n])
+        with torch.no_grad():  # the later epochs: every target in the statistics' final scale
+            self.returns.copy_(model.normalize_values(self.raw_returns))
+            self.old_values.copy_(model.normalize_values(self.raw_values))
 
     def explained_variance(self) -> float:
         return explained_variance(self.raw_values[self.keep], self.raw_returns[self.keep])

@@ -282,17 +282,20 @@ def test_targets_reuse_the_policy_workers_values_only_for_samples_of_these_weigh
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("use_rnn, normalize_returns", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("use_rnn, normalize_returns, num_epochs",
+                         [(False, False, 1), (True, False, 1), (False, True, 1), (True, True, 2)])
 def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passes(use_rnn,
-                                                                                  normalize_returns):
-    """One epoch of one minibatch (the Doom defaults): the targets' forward pass is the loss's
-    too (one pass instead of two); the update equals the two-pass one."""
+                                                                                  normalize_returns,
+                                                                                  num_epochs):
+    """One minibatch of the whole batch (Sample Factory's Doom settings): the targets' forward
+    pass is the first epoch's loss's too (one pass fewer); a second epoch reuses the targets; the
+    update equals the one with a targets pass before the epochs."""
     import copy
     rollout, cols = 4, 6
     # normalize_obs off: the one pass normalises the observations with the statistics from
     # before this batch's update of them, the second of two passes with the updated ones
     # (Learner.targets_in_first_epoch), so the two updates are equal only without it
-    kw = dict(num_epochs=1, minibatch_size=rollout * cols, batch_size=rollout * cols,
+    kw = dict(num_epochs=num_epochs, minibatch_size=rollout * cols, batch_size=rollout * cols,
               rollout=rollout, use_rnn=use_rnn, rnn_size=8, normalize_returns=normalize_returns,
               normalize_obs=False)
     learners = [make_learner(**kw) for _ in range(2)]
@@ -320,7 +323,8 @@ def test_one_step_batches_share_the_targets_forward_pass_and_update_as_two_passe
         assert learner.train_on(batch)
         hook.remove()
         passes.append(len(seen))
-    assert passes[0] == 1 and passes[1] >= 2  # the targets' pass is chunked by minibatch
+    # the targets' pass is chunked by minibatch
+    assert passes[0] == num_epochs and passes[1] >= num_epochs + 1
     for a, b, c in zip(learners[0].model.parameters(), learners[1].model.parameters(),
                        initial.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -345,9 +349,13 @@ def test_a_recurrent_first_epoch_makes_each_minibatchs_targets_as_its_own_batch_
     torch.manual_seed(4)
     batch = Batch({"obs": torch.randn(rollout + 1, cols, 4)}, torch.randint(0, 2, (rollout, cols, 1)),
                   torch.full((rollout, cols), -0.7), torch.randn(rollout, cols),
-                  torch.rand(rollout, cols) < 0.2, torch.zeros(rollout, cols, dtype=torch.bool),
+                  torch.rand(rollout, cols) < 0.3, torch.rand(rollout, cols) < 0.5,
                   torch.zeros(rollout, cols, dtype=torch.int64),
                   rnn_state=torch.randn(rollout + 1, cols, initial.state_size))
+    # time limits among the ends, and one trajectory of a restarted worker (masked out)
+    batch = batch._replace(truncated=batch.truncated & batch.dones)
+    batch.policy_versions[:, 1] = -1
+    assert batch.truncated.any() and (batch.dones & ~batch.truncated).any()
     rng = torch.Generator()
     rng.set_state(fused.rng.get_state())
     order = torch.randperm(cols, generator=rng)  # the columns' order in the fused epoch
