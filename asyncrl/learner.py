@@ -594,7 +594,6 @@ class Learner:
         """One update over ``batch``; None if the run was stopped in the middle of it (a pause
         waits for the update to end), {} if no sample may be trained on."""
         cfg, model = self.cfg, self.model
-        T, B = batch.rewards.shape
         # Prepared once here (images scaled into reused buffers), not per minibatch and epoch.
         obs = model.prepare({k: v.flatten(0, 1) for k, v in batch.obs.items()}, self.prepared_cache)
         mask = batch.action_mask.flatten(0, 1) if batch.action_mask is not None else None
@@ -615,9 +614,9 @@ class Learner:
         if stats is None:
             return None
         valid_lag = lag[valid]
-        stats.update(explained_variance=targets.explained_variance(), policy_lag_mean=float(valid_lag.mean()),
-                     policy_lag_max=float(valid_lag.max()), masked_fraction=1.0 - float(valid.float().mean()),
-                     version=self.version + 1)
+        stats.update(explained_variance=targets.explained_variance(),
+                     policy_lag_mean=float(valid_lag.mean()), policy_lag_max=float(valid_lag.max()),
+                     masked_fraction=1.0 - float(valid.float().mean()), version=self.version + 1)
         stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
         return stats
 
