@@ -51,6 +51,13 @@ class Batch(NamedTuple):
         did (row 0's stored state already was)."""
         return torch.cat([torch.zeros_like(self.dones[:1]), self.dones])
 
+    def actions_with_bootstrap_row(self) -> torch.Tensor:
+        """[(T+1)*B, action_size]: the actions flat, time-major, and a row for the bootstrap
+        observations x_T, where the model is evaluated for its value (its actions are not used:
+        the first row's stand in)."""
+        actions = self.actions.flatten(0, 1)
+        return torch.cat([actions, actions[:self.actions.shape[1]]])
+
 
 def make_batch(tensors: Dict[str, torch.Tensor]) -> Batch:
     """A Batch from buffer-spec names: "obs/<key>" entries become ``obs``."""
@@ -243,8 +250,7 @@ class FirstEpochTargets(BatchTargets):
         [T*C], {}, the model's (log-probabilities, entropies, values) of them, with grad)."""
         learner, batch, model = self.learner, self.batch, self.learner.model
         T, B = batch.rewards.shape
-        actions = batch.actions.flatten(0, 1)
-        actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
+        actions = batch.actions_with_bootstrap_row()
         for cols, idx, rec in learner._columns(batch, T + 1, torch.randperm(B, generator=rng)):
             mb_obs = index_obs(self.obs, idx)
             lp, entropy, v = model.evaluate(mb_obs, actions[idx],
@@ -552,8 +558,7 @@ class Learner:
             state = None if batch.rnn_state is None else batch.rnn_state[T]
             values = torch.cat([batch.values, self.model(last, prepared=True, state=state)[1].view(1, B)])
         else:
-            actions = batch.actions.flatten(0, 1)
-            actions = torch.cat([actions, actions[:B]])  # the bootstrap row's are not used
+            actions = batch.actions_with_bootstrap_row()
             # In minibatch-sized chunks: activations of the whole batch at once would be fresh
             # mappings (> 32 MiB for a Nature CNN on 1024 frames), page-faulted on every update.
             # A recurrent model's chunks are whole trajectories, run from their stored state.
@@ -604,13 +609,12 @@ class Learner:
         keep = valid.flatten()
         # A turn-based game's rows without a move train the value, not the policy.
         moves = keep if batch.waiting is None else keep & ~batch.waiting.flatten()
-        actions = batch.actions.flatten(0, 1)
         if self.targets_in_first_epoch(batch):
             targets = FirstEpochTargets(self, batch, obs, mask, keep)
         else:
             vt, old_values, old_log_probs = self.targets(batch, obs, mask)
             targets = BatchTargets(self, batch, obs, vt, old_values, old_log_probs, keep)
-        stats = self._epochs(batch, obs, actions, mask, targets, keep, moves)
+        stats = self._epochs(batch, obs, mask, targets, keep, moves)
         if stats is None:
             return None
         valid_lag = lag[valid]
@@ -648,7 +652,7 @@ class Learner:
         for _, idx, rec in self._columns(batch, rows, order):
             yield idx, rec
 
-    def _epochs(self, batch, obs, actions, mask, targets, keep, moves) -> Optional[dict]:
+    def _epochs(self, batch, obs, mask, targets, keep, moves) -> Optional[dict]:
         """num_epochs passes of shuffled minibatches over the batch's [T*B] samples (whole
         trajectories for a recurrent model); masked (stale or restarted) samples take part in
         no loss and no advantage normalisation, and only ``moves`` of the kept ones in the
@@ -662,8 +666,8 @@ class Learner:
         weight = None if bool(keep.all()) else keep.float()
         pg_weight = weight if moves is keep else moves.float()
         # the per-sample tensors beside the observations, in _minibatch_step's order
-        samples = (actions, None if mask is None else mask[:n], *targets.samples(), weight,
-                   pg_weight, targets.start_log_probs)
+        samples = (batch.actions.flatten(0, 1), None if mask is None else mask[:n],
+                   *targets.samples(), weight, pg_weight, targets.start_log_probs)
 
         def take(tensors: tuple, idx) -> tuple:
             return tuple(None if x is None else x[idx] for x in tensors)
