@@ -19,7 +19,7 @@ from . import pickling
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .acting import as_numpy, play_episode, predict_mask, predict_state, stack_actions
 from .config import (DEVICES_HINT, MUTABLE_HPARAMS, Config, ConfigError, ConfigKwargs, Settings,
-                     schedule_value, valid_device)
+                     portable, schedule_value, valid_device)
 from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
 from .fileio import PolicyFiles, atomic_torch_save, make_scratch_dir
@@ -122,6 +122,7 @@ class APPO:
             policy_kwargs = own.pop("policy_kwargs", policy_kwargs)
             policy = own.pop("policy", policy)
             kwargs.update(own)
+        set_by_caller = set(kwargs)
         lanes = {pid: 1 if self.agents is None else self.agents.lanes[pid] for pid in trained}
         if kwargs.setdefault("lanes_per_env", lanes[self.policy_id]) != lanes[self.policy_id]:
             raise ConfigError(f"lanes_per_env={kwargs['lanes_per_env']!r}: it is set by the engine "
@@ -136,7 +137,7 @@ class APPO:
         cfg = Config.from_kwargs(defaults(kwargs, make_distribution(self.action_space).kind))
         if cfg.seed is None:
             cfg = cfg.replace(seed=random.randrange(2 ** 31))
-        self.settings = Settings(cfg, schedules)  # the run's: the model's attributes and config
+        self.settings = Settings(cfg, schedules, set_by_caller)  # the run's: attributes and config
         self.device = resolve_device(cfg.device)
         for cls in (policy, *(o.get("policy") for _, o in [*trained.values(), *probed.frozen.values()])):
             if cls is not None and not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
@@ -484,6 +485,7 @@ class APPO:
         except FloatingPointError as e:
             raise FloatingPointError(f"{e}: not saved to {path}") from None
         blob = {**trained[self.policy_id], "trained": trained, "config": self.config.__dict__.copy(),
+                "set_by_caller": sorted(self.settings.set_by_caller),
                 # the user's code by value where needed: a file saved from a notebook loads elsewhere
                 "env_factory": pickling.saved(self.env_factory), "num_graphs": self._num_graphs,
                 "policy_class": pickling.saved(self.policy_spec.policy),
@@ -496,21 +498,24 @@ class APPO:
     def load(cls: Type[Model], path: Union[str, os.PathLike], env: Any = None, device: str = "auto",
              **overrides) -> Model:
         """Rebuild a model (of this class) from :meth:`save`; ``overrides`` replace config
-        fields."""
+        fields. The fields the machine implied (``config.MACHINE_FIELDS``: the layout, the
+        batch it implies, a CPU learner's presets), unless the model's caller set them, are
+        derived for this machine and ``device`` again, as a new model's are."""
         try:
             blob = torch.load(path, map_location="cpu", weights_only=False)
             factory = env if env is not None else pickling.restored(blob["env_factory"])
         except (AttributeError, ModuleNotFoundError) as e:
             raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); its "
                                "module cannot be imported here: pass env=... to load()") from e
+        set_by_caller = blob.get("set_by_caller")
         policies = overrides.pop("policies", None)
         if policies is None:  # as saved, each trained policy's settings as they were then
             policies = pickling.restored(blob.get("policies"))
             for pid, entry in (blob.get("trained") or {}).items():
                 if entry.get("fields"):  # several trained: their own values (and what they implied)
-                    policies[pid] = {**entry["fields"], **(policies[pid] or {})}
+                    policies[pid] = {**portable(entry["fields"], set_by_caller), **(policies[pid] or {})}
         # a file saved before small_images existed encoded small images with convolutions
-        saved = {"small_images": "conv", **blob["config"]}
+        saved = {"small_images": "conv", **portable(blob["config"], set_by_caller)}
         model = cls(factory,
                     policy=overrides.pop("policy", pickling.restored(blob.get("policy_class"))),
                     policy_kwargs=overrides.pop("policy_kwargs", pickling.restored(blob.get("policy_kwargs"))),
@@ -518,6 +523,8 @@ class APPO:
                     policy_mapping=overrides.pop("policy_mapping",
                                                  pickling.restored(blob.get("policy_mapping"))),
                     **{**saved, "device": device, **overrides})
+        if set_by_caller is not None:  # the saved fields above are the caller's only as before
+            model.settings.set_by_caller = frozenset(set_by_caller) | set(overrides)
         model._params.restore(blob)
         # graphs started before the save used their seeds: a resumed run draws new env resets
         model._num_graphs = blob.get("num_graphs", 0) + 1

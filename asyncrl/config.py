@@ -11,7 +11,7 @@ import difflib
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Tuple, TypedDict, Union
+from typing import Any, Callable, Iterable, Optional, Tuple, TypedDict, Union
 
 ALGOS = ("appo", "impala", "ppo")
 CNNS = ("nature", "doom", "tiny")
@@ -622,6 +622,24 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     return {**preset, **implied, **kwargs}
 
 
+# The fields whose defaults with_defaults derives from the machine: the CPU-learner presets, the
+# GPU layout's counts, and the batch and minibatch implied from the layout. A saved model's values
+# of these that its caller did not set are derived again where it is loaded.
+MACHINE_FIELDS = frozenset({*DOOM_CPU_DEFAULTS, *ATARI_CPU_DEFAULTS, *ATARI_CPU_FEW_CORES_LAYOUT,
+                            "num_workers", "num_envs_per_worker", "batch_size", "minibatch_size"})
+
+
+def portable(config: dict, set_by_caller: Optional[Iterable[str]]) -> dict:
+    """A saved ``config`` as keywords for a machine of its own: the MACHINE_FIELDS that are not
+    in ``set_by_caller`` left out, for with_defaults to derive there (a model saved on a CPU
+    loads with a GPU's layout and algorithm, and one saved with a GPU's 14 workers loads with
+    two cores' two). ``set_by_caller`` None (a file saved before it was recorded): all kept."""
+    if set_by_caller is None:
+        return dict(config)
+    keep = set(set_by_caller)
+    return {k: v for k, v in config.items() if k not in MACHINE_FIELDS or k in keep}
+
+
 def schedule_value(name: str, value: Any, progress_remaining: float) -> Any:
     """A hyper-parameter's value now: ``value`` itself, or ``value(progress_remaining)``."""
     if not callable(value):
@@ -634,23 +652,29 @@ def schedule_value(name: str, value: Any, progress_remaining: float) -> Any:
 
 
 class Settings:
-    """A model's config and its ``MUTABLE_HPARAMS`` as set (numbers, or schedules of SB3's
-    ``progress_remaining``): their one home. ``config`` is always current: a value set is checked
-    into it at once (a schedule's at progress 1; a bad one raises ConfigError and is not kept),
-    and while training it holds the schedules' values at the run's progress."""
+    """A model's config, its ``MUTABLE_HPARAMS`` as set (numbers, or schedules of SB3's
+    ``progress_remaining``) and the names of the fields its caller set (``set_by_caller``; the
+    rest the env and the machine implied): their one home. ``config`` is always current: a value
+    set is checked into it at once (a schedule's at progress 1; a bad one raises ConfigError and
+    is not kept), and while training it holds the schedules' values at the run's progress."""
 
-    def __init__(self, config: Config, schedules: dict):
+    def __init__(self, config: Config, schedules: dict, set_by_caller: Iterable[str] = ()):
         self.config = config
         self.hparams = {n: schedules.get(n, getattr(config, n)) for n in MUTABLE_HPARAMS}
+        self.set_by_caller = frozenset(set_by_caller)
 
     def set(self, name: str, value: Any) -> None:
         self.config = self.config.replace(**{name: schedule_value(name, value, 1.0)})
         self.hparams[name] = value
+        self.set_by_caller |= {name}
 
     def replace_config(self, config: Config) -> None:
-        """A whole new config: the hyper-parameters it changes become numbers."""
-        self.hparams.update({n: getattr(config, n) for n in MUTABLE_HPARAMS
-                             if getattr(config, n) != getattr(self.config, n)})
+        """A whole new config: the hyper-parameters it changes become numbers, the fields it
+        changes the caller's."""
+        changed = {f.name for f in dataclasses.fields(Config)
+                   if getattr(config, f.name) != getattr(self.config, f.name)}
+        self.hparams.update({n: getattr(config, n) for n in MUTABLE_HPARAMS if n in changed})
+        self.set_by_caller |= changed
         self.config = config
 
     def at(self, progress_remaining: float) -> dict:

@@ -108,3 +108,31 @@ def test_set_parameters_device_is_checked_not_ignored():
     assert next(model.policy.parameters()).device.type == "cpu"
     with pytest.raises(ValueError, match="device='gpu'"):
         model.set_parameters(params, device="gpu")
+
+
+def test_a_model_loaded_on_another_machine_takes_its_layout(tmp_path, monkeypatch):
+    """A model saved where a GPU learns with 16 cores (14 rollout workers) loads on a 2-core CPU
+    with the CPU's 2, and saved again there, loads on the GPU machine with 14: the layout the
+    machine implied is derived again where it loads. What the caller set, before or at the load,
+    stays."""
+    import asyncrl.config
+
+    def machine(gpu: bool, cores: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+        monkeypatch.setattr(asyncrl.config, "available_cores", lambda: cores)
+
+    machine(True, 16)  # nothing touches CUDA before train()
+    model = APPO("CartPole-v1", verbose=0, num_envs_per_worker=4)
+    model.learning_rate = 3e-4
+    assert (model.config.num_workers, model.device) == (14, "cuda")
+    model.save(tmp_path / "gpu.pt")
+    machine(False, 2)
+    loaded = APPO.load(tmp_path / "gpu.pt", ent_coef=0.02)
+    cfg = loaded.config
+    assert (cfg.num_workers, cfg.num_envs_per_worker, loaded.device) == (2, 4, "cpu")
+    assert (cfg.learning_rate, cfg.ent_coef) == (3e-4, 0.02)
+    loaded.save(tmp_path / "cpu.pt")
+    machine(True, 16)
+    again = APPO.load(tmp_path / "cpu.pt")
+    assert (again.config.num_workers, again.config.num_envs_per_worker, again.device) == (14, 4, "cuda")
+    assert (again.config.learning_rate, again.config.ent_coef) == (3e-4, 0.02)

@@ -212,6 +212,26 @@ def test_the_fused_forward_folds_the_observation_normalisers_and_clips_as_they_d
     assert torch.allclose(fused_params, params, atol=1e-4) and torch.allclose(fused_values, values, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", [None, "atari", "doom"])
+@pytest.mark.parametrize("caller", [{}, {"num_envs_per_worker": 4, "learning_rate": 1e-4}])
+def test_a_saved_config_on_another_machine_takes_that_machines_fields(family, caller):
+    """portable() leaves out what the machine implied and the caller did not set: a config made
+    on a 2-core CPU, made again on a 16-core machine with a GPU (and back), is the one a new model
+    gets there (Atari: asynchronous APPO with the GPU's layout, no synchronous CPU preset; VizDoom:
+    no sampler niceness); what the caller set stays."""
+    from asyncrl.config import MACHINE_FIELDS, portable
+    machines = [dict(cpu_only=True, cores=2), dict(cpu_only=False, cores=16)]
+    for there, here in (machines, machines[::-1]):
+        saved = Config.from_kwargs(with_defaults(dict(caller), family=family, **there)).__dict__
+        again = Config.from_kwargs(with_defaults(portable(saved, caller), family=family, **here))
+        assert again == Config.from_kwargs(with_defaults(dict(caller), family=family, **here))
+        assert again != Config.from_kwargs(saved)  # the machines differ in some field
+        assert all(getattr(again, k) == v for k, v in caller.items())
+    # a file saved before the caller's fields were recorded: kept whole, as before
+    assert portable(saved, None) == saved
+    assert {"algo", "rollout", "sampler_nice", "num_workers", "batch_size"} <= MACHINE_FIELDS
+
+
 def test_with_a_gpu_the_layout_follows_the_cores_and_keeps_few_batches_in_flight():
     from asyncrl.config import GPU_BATCHES_IN_FLIGHT, gpu_layout
     # two cores (this machine, CI): the Config defaults, so nothing is implied
