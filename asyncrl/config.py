@@ -458,7 +458,12 @@ ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 # the learner's second thread (as Atari's) trained Basic ~1.2x as many frames a second (seeds
 # 0-2); 2 epochs trained ~1.5x as many as 4 (HealthGatheringSupreme, side by side) and reached
 # Sample Factory's 1M-frame return on Basic in 0.80 and 0.62 of 4 epochs' time (seeds 0, 1, one
-# run after the other), 1 epoch (2 x 16 envs) in 1.03 (seed 0); docs/guides/vizdoom.md.
+# run after the other), 1 epoch (2 x 16 envs) in 1.03 (seed 0); docs/guides/vizdoom.md. One
+# thread (2026-11-29, after the niceness below) trained HealthGatheringSupreme 1.23x as many
+# frames a second, but the sampling then runs a batch ahead of the learner (policy lag 1.5
+# versions of 8 gradient steps against 0.25), and in 6 seeds of 8 of Basic and
+# HealthGatheringSupreme it took longer to Sample Factory's return (decoupled_clip did not
+# mend it in the one run tried): two threads stay.
 DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs=2,
                      learning_rate=2.5e-4, adam_eps=1e-6, gamma=0.99, vtrace_lambda=0.95,
                      clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,
