@@ -37,10 +37,13 @@ import os
 import re
 import shutil
 import statistics
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
+import psutil
 import torch
 from _common import parse_variant, pyplot, raw_env_rate, steady_fps
 
@@ -163,20 +166,36 @@ def sample_factory_fps(example: str, seconds: float, warmup: float, flags: tuple
     if not os.path.exists(SF_RUN):
         raise BenchmarkError(f"--sf: {SF_RUN} not found (the shared bench folder beside the checkout)")
     shm_before = set(os.listdir("/dev/shm"))
-    out = subprocess.run(["bash", SF_RUN, str(int(warmup + seconds)), example, *flags],
-                         capture_output=True, text=True).stdout
-    # run.sh SIGKILLs SF's process group, so its multiprocessing semaphores are never unlinked
-    for name in set(os.listdir("/dev/shm")) - shm_before:
-        if name.startswith("sem.mp-"):
-            os.remove(os.path.join("/dev/shm", name))
-    log_dir = re.search(r"full log: (\S+)/log", out)
-    if not log_dir:
-        raise BenchmarkError(f"Sample Factory's run.sh printed no log ({out[-300:]!r}): run "
-                             f"'bash {SF_RUN} 60 {example}' alone to see why")
-    with open(os.path.join(log_dir.group(1), "log"), errors="replace") as f:
-        log = f.read()
-    shutil.rmtree(log_dir.group(1), ignore_errors=True)
+    scratch = tempfile.mkdtemp(prefix="sf-run-")  # run.sh's own mktemp folder goes inside
+    proc = subprocess.Popen(["bash", SF_RUN, str(int(warmup + seconds)), example, *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True, env={**os.environ, "TMPDIR": scratch})
+    try:
+        out = proc.communicate()[0]
+        log_dir = re.search(r"full log: (\S+)/log", out)
+        if not log_dir:
+            raise BenchmarkError(f"Sample Factory's run.sh printed no log ({out[-300:]!r}): run "
+                                 f"'bash {SF_RUN} 60 {example}' alone to see why")
+        with open(os.path.join(log_dir.group(1), "log"), errors="replace") as f:
+            log = f.read()
+    finally:  # also when stopped early (Ctrl-C, SIGTERM): run.sh and SF's own process group go
+        kill_session(proc.pid)
+        shutil.rmtree(scratch, ignore_errors=True)
+        # run.sh SIGKILLs SF's process group, so its multiprocessing semaphores are never unlinked
+        for name in set(os.listdir("/dev/shm")) - shm_before:
+            if name.startswith("sem.mp-"):
+                os.remove(os.path.join("/dev/shm", name))
     return steady_rate_from_log(log, seconds, warmup)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (run.sh's, with SF's process groups in it)."""
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                p.kill()
+        except (psutil.Error, OSError):
+            pass
 
 
 def steady_rate_from_log(log: str, seconds: float, warmup: float) -> float:
@@ -229,6 +248,8 @@ def main(argv=None) -> None:
     ap.add_argument("--png", default="throughput.png")
     add_config_flags(ap)
     args = ap.parse_args(argv)
+    # a plain kill ends the run through its finally clauses (Sample Factory's session is killed)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     flags = config_flags(vars(args))
     env = resolve_env(args.env)
     if args.sf and args.env not in SF_EXAMPLES:
