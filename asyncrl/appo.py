@@ -7,8 +7,9 @@ import os
 import pathlib
 import random
 import shutil
+import warnings
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Type, TypeVar, Union
 
 import numpy as np
 import torch
@@ -18,8 +19,8 @@ from asyncrl.envs import env_family
 from . import pickling
 from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .acting import as_numpy, play_episode, predict_mask, predict_state, stack_actions
-from .config import (DEVICES_HINT, MUTABLE_HPARAMS, Config, ConfigError, ConfigKwargs, Settings,
-                     portable, schedule_value, valid_device)
+from .config import (DEVICES_HINT, MACHINE_FIELDS, MUTABLE_HPARAMS, Config, ConfigError,
+                     ConfigKwargs, Settings, portable, schedule_value, valid_device)
 from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
 from .fileio import PolicyFiles, atomic_torch_save, make_scratch_dir
@@ -131,7 +132,9 @@ class APPO:
         kwargs.update({k: schedule_value(k, v, 1.0) for k, v in schedules.items()})
         device = kwargs.get("device", Config.device)
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-        defaults = run_defaults(env_family(env), cpu_only, multi_agent=self.agents is not None,
+        # an id's family; a loaded model's factory made from an id (GymIdFactory) keeps the id
+        family = env_family(getattr(self.env_factory, "env_id", env))
+        defaults = run_defaults(family, cpu_only, multi_agent=self.agents is not None,
                                 turn_based=env_spec.turn_based)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
         cfg = Config.from_kwargs(defaults(kwargs, make_distribution(self.action_space).kind))
@@ -500,7 +503,9 @@ class APPO:
         """Rebuild a model (of this class) from :meth:`save`; ``overrides`` replace config
         fields. The fields the machine implied (``config.MACHINE_FIELDS``: the layout, the
         batch it implies, a CPU learner's presets), unless the model's caller set them, are
-        derived for this machine and ``device`` again, as a new model's are."""
+        derived for this machine and ``device`` again, as a new model's are; where that clashes
+        with a field the caller set (a batch size that a CPU's synchronous Atari layout cannot
+        make), the saved values are kept, with a warning naming them."""
         try:
             blob = torch.load(path, map_location="cpu", weights_only=False)
             factory = env if env is not None else pickling.restored(blob["env_factory"])
@@ -508,22 +513,41 @@ class APPO:
             raise RuntimeError(f"could not unpickle the env factory saved in {path} ({e}); its "
                                "module cannot be imported here: pass env=... to load()") from e
         set_by_caller = blob.get("set_by_caller")
-        policies = overrides.pop("policies", None)
-        if policies is None:  # as saved, each trained policy's settings as they were then
-            policies = pickling.restored(blob.get("policies"))
-            for pid, entry in (blob.get("trained") or {}).items():
-                if entry.get("fields"):  # several trained: their own values (and what they implied)
-                    policies[pid] = {**portable(entry["fields"], set_by_caller), **(policies[pid] or {})}
-        # a file saved before small_images existed encoded small images with convolutions
-        saved = {"small_images": "conv", **portable(blob["config"], set_by_caller)}
-        model = cls(factory,
-                    policy=overrides.pop("policy", pickling.restored(blob.get("policy_class"))),
-                    policy_kwargs=overrides.pop("policy_kwargs", pickling.restored(blob.get("policy_kwargs"))),
-                    policies=policies,
+        saved_policies = overrides.pop("policies", None)
+        args = dict(policy=overrides.pop("policy", pickling.restored(blob.get("policy_class"))),
+                    policy_kwargs=overrides.pop("policy_kwargs",
+                                                pickling.restored(blob.get("policy_kwargs"))),
                     policy_mapping=overrides.pop("policy_mapping",
-                                                 pickling.restored(blob.get("policy_mapping"))),
-                    **{**saved, "device": device, **overrides})
-        if set_by_caller is not None:  # the saved fields above are the caller's only as before
+                                                 pickling.restored(blob.get("policy_mapping"))))
+
+        def build(mine: Optional[Iterable[str]]) -> Model:
+            """The model, the saved MACHINE_FIELDS kept only where in ``mine`` (None: all)."""
+            policies = saved_policies
+            if policies is None:  # as saved, each trained policy's settings as they were then
+                policies = pickling.restored(blob.get("policies"))
+                for pid, entry in (blob.get("trained") or {}).items():
+                    if entry.get("fields"):  # several trained: their own values and what they
+                        # implied (the machine's derived again: the caller's are the run's or in
+                        # the policy's own overrides)
+                        own = portable(entry["fields"], None if mine is None else ())
+                        policies[pid] = {**own, **(policies[pid] or {})}
+            # a file saved before small_images existed encoded small images with convolutions
+            saved = {"small_images": "conv", **portable(blob["config"], mine)}
+            return cls(factory, policies=policies, **args, **{**saved, "device": device, **overrides})
+
+        try:
+            model = build(set_by_caller)
+        except ConfigError as e:
+            if set_by_caller is None:
+                raise
+            model = build(None)  # as before: every saved field kept
+            pinned = {k: model.config.__dict__[k] for k in sorted(MACHINE_FIELDS)
+                      if k not in set_by_caller and k not in overrides}
+            warnings.warn(f"{path}: what this machine implies clashes with the fields the model's "
+                          f"caller set ({e}); loaded with the values it was saved with "
+                          f"({', '.join(f'{k}={v!r}' for k, v in pinned.items())}): pass "
+                          "load() the ones you want instead", stacklevel=2)
+        if set_by_caller is not None:  # the saved fields passed above are the caller's only as before
             model.settings.set_by_caller = frozenset(set_by_caller) | set(overrides)
         model._params.restore(blob)
         # graphs started before the save used their seeds: a resumed run draws new env resets

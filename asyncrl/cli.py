@@ -25,7 +25,7 @@ import sys
 import time
 from typing import List, Optional
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, Settings, portable
 from .flags import add_config_flags, config_flags, parse_value
 from .fileio import atomic_open
 
@@ -86,14 +86,16 @@ class RunDir:
         with open(self.config_path) as f:
             return yaml.safe_load(f)
 
-    def write_config(self, env, env_kwargs: dict, steps: int, cfg: Config,
+    def write_config(self, env, env_kwargs: dict, steps: int, settings: Settings,
                      policies: Optional[tuple] = None) -> None:
-        """``policies``: (path, document) of a multi-agent run's policies file."""
+        """The run's config and the fields its caller set (``settings``); ``policies``: (path,
+        document) of a multi-agent run's policies file."""
         import yaml
         os.makedirs(self.path, exist_ok=True)
-        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+        fields = {k: list(v) if isinstance(v, tuple) else v
+                  for k, v in dataclasses.asdict(settings.config).items()}
         doc = {"env": env if isinstance(env, str) else repr(env), "env_kwargs": env_kwargs or {},
-               "steps": steps, "config": fields}
+               "steps": steps, "config": fields, "set_by_caller": sorted(settings.set_by_caller)}
         if policies is not None:
             doc["policies_file"], doc["policies"] = policies
         with atomic_open(self.config_path) as f:
@@ -160,14 +162,16 @@ def cmd_train(args: dict) -> None:
     if checkpoint is None:  # new, or stopped before its first checkpoint: saved config, then flags
         agents = {} if policy_file is None else dict(policies=policy_file.policies,
                                                      policy_mapping=policy_file.mapping)
-        model = APPO(env, env_kwargs=env_kwargs, **agents, **{**saved_cfg, **explicit})
+        # what the machine implied is derived here again (config.portable), as load() does
+        mine = portable(saved_cfg, saved.get("set_by_caller"))
+        model = APPO(env, env_kwargs=env_kwargs, **agents, **{**mine, **explicit})
         if policy_file is not None and policy_file.frozen_weights:
             model.set_parameters(policy_file.frozen_weights)
     else:  # the saved device unless one is given (load()'s own default is "auto", as SB3's)
         model = APPO.load(checkpoint, **{"device": saved_cfg.get("device", "auto"), **explicit})
         print(f"resuming {run.path} from {os.path.basename(checkpoint)} "
               f"({model.num_timesteps:,} env steps)" + _config_changes(saved.get("config"), model.config))
-    run.write_config(env_text, env_kwargs, steps, model.config,
+    run.write_config(env_text, env_kwargs, steps, model.settings,
                      None if policy_file is None else (policy_file.path, policy_file.doc))
     model.logger.log_to_csv(run.progress_csv)
     if model.num_timesteps >= steps:

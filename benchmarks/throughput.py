@@ -189,13 +189,20 @@ def sample_factory_fps(example: str, seconds: float, warmup: float, flags: tuple
 
 
 def kill_session(sid: int) -> None:
-    """SIGKILL every process of session ``sid`` (run.sh's, with SF's process groups in it)."""
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid:
-                p.kill()
-        except (psutil.Error, OSError):
-            pass
+    """SIGKILL every process of session ``sid`` (run.sh's, with SF's process groups in it),
+    again while any is left (one may have forked meanwhile)."""
+    for _ in range(20):
+        left = []
+        for p in psutil.process_iter():
+            try:
+                if os.getsid(p.pid) == sid:
+                    p.kill()
+                    left.append(p)
+            except (psutil.Error, OSError):
+                pass
+        if not left:
+            return
+        psutil.wait_procs(left, timeout=1.0)
 
 
 def steady_rate_from_log(log: str, seconds: float, warmup: float) -> float:

@@ -175,3 +175,29 @@ def test_same_observations_as_gymnasiums_reference_wrappers(env_id):
             assert rest_a == rest_b  # reward, terminated, truncated, info
     ours.close()
     ref.close()
+
+
+def test_an_atari_model_saved_where_a_gpu_learns_loads_with_a_cpus_preset(tmp_path, monkeypatch):
+    """Saved on a 16-core machine with a GPU (asynchronous, 14 x 2), loaded on a 2-core CPU: the
+    CPU's synchronous preset, as a new model there. A batch the caller set that the CPU's layout
+    cannot make (synchronous PPO's batch is one rollout of every env) keeps the saved values, and
+    says so."""
+    import asyncrl.config
+
+    def machine(gpu: bool, cores: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+        monkeypatch.setattr(asyncrl.config, "available_cores", lambda: cores)
+
+    machine(True, 16)  # nothing touches CUDA before train()
+    with APPO("ALE/Pong-v5", verbose=0) as model, APPO("ALE/Pong-v5", verbose=0, batch_size=2048) as big:
+        assert (model.config.algo, model.config.num_workers, model.config.num_envs_per_worker) == ("appo", 14, 2)
+        model.save(tmp_path / "gpu.pt")
+        big.save(tmp_path / "big.pt")
+    machine(False, 2)
+    with APPO.load(tmp_path / "gpu.pt") as cpu:
+        cfg = cpu.config
+        assert (cfg.algo, cfg.rollout, cfg.num_workers, cfg.num_envs_per_worker) == ("ppo", 64, 1, 16)
+    with pytest.warns(UserWarning, match="clashes with the fields the model's caller set"):
+        kept = APPO.load(tmp_path / "big.pt")
+    with kept:
+        assert (kept.config.algo, kept.config.batch_size, kept.config.num_workers) == ("appo", 2048, 14)

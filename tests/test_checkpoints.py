@@ -136,3 +136,10 @@ def test_a_model_loaded_on_another_machine_takes_its_layout(tmp_path, monkeypatc
     again = APPO.load(tmp_path / "cpu.pt")
     assert (again.config.num_workers, again.config.num_envs_per_worker, again.device) == (14, 4, "cuda")
     assert (again.config.learning_rate, again.config.ent_coef) == (3e-4, 0.02)
+    # a machine field given to load(), or set by replacing the config, is the caller's from then on
+    APPO.load(tmp_path / "cpu.pt", num_workers=3).save(tmp_path / "three.pt")
+    again.config = again.config.replace(num_workers=5)
+    again.save(tmp_path / "five.pt")
+    machine(False, 2)
+    assert APPO.load(tmp_path / "three.pt").config.num_workers == 3
+    assert APPO.load(tmp_path / "five.pt").config.num_workers == 5

@@ -71,13 +71,17 @@ def test_a_machines_first_game_leaves_no_folder_in_the_working_directory(tmp_pat
 
 
 @pytest.mark.timeout(60)
-def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win():
+def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win(tmp_path):
     assert env_family("VizdoomBasic-v1") == "doom" and env_family("CartPole-v1") is None
     with APPO("VizdoomBasic-v1", device="cpu", verbose=0) as model:
         cfg = model.config
         assert (cfg.use_rnn, cfg.rnn_type, cfg.rnn_size, cfg.cnn) == (True, "gru", 512, "doom")
         assert all(getattr(cfg, k) == v for k, v in DOOM_DEFAULTS.items())
         assert cfg.sampler_nice == DOOM_CPU_DEFAULTS["sampler_nice"] > 0  # learning on the CPU
+        model.save(tmp_path / "doom.pt")
+    # loaded, its factory knows the id: the CPU's niceness is derived again, not lost
+    with APPO.load(tmp_path / "doom.pt", device="cpu") as loaded:
+        assert loaded.config == cfg
         encoder = model.policy.encoders[list(model.policy.keys).index("screen")]
         assert isinstance(encoder, ConvEncoder)
         assert any(isinstance(m, torch.nn.ELU) for m in encoder.modules())
