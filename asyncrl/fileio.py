@@ -13,6 +13,7 @@ from typing import IO, Any, Iterator, NamedTuple, Union
 import psutil
 
 SCRATCH_PREFIX = "asyncrl-"
+FORK_SERVER_OWNER = "asyncrl-owner-"  # + pid: the process that made multiprocessing's folder
 _SCRATCH_NAME = re.compile(re.escape(SCRATCH_PREFIX) + r"(\d+)-\w+")
 
 
@@ -61,10 +62,22 @@ def orphaned_scratch_dirs() -> list:
     return found
 
 
+def mark_fork_server_dir(path: str) -> None:
+    """Name this process the owner of multiprocessing's temporary folder ``path`` (a file
+    FORK_SERVER_OWNER + pid in it), unless one is named: a component inherits its main
+    process's folder."""
+    with contextlib.suppress(OSError):
+        if not any(n.startswith(FORK_SERVER_OWNER) for n in os.listdir(path)):
+            open(os.path.join(path, f"{FORK_SERVER_OWNER}{os.getpid()}"), "w").close()
+
+
 def stale_fork_server_dirs() -> list:
-    """multiprocessing's temporary folders (``pymp-*``) of this user that hold nothing but fork
-    server sockets no process has bound any more: left by a process killed while it had a fork
-    server (a SIGKILL, a notebook kernel shut down) with no component alive to remove them."""
+    """multiprocessing's temporary folders (``pymp-*``) of this user that an asyncrl process
+    owned (``mark_fork_server_dir``) and that hold nothing else but fork server sockets no
+    process has bound any more, their owner gone: left by a process killed while it had a fork
+    server (a SIGKILL, a notebook kernel shut down) with no component alive to remove them. A
+    folder whose owner runs is kept, though its fork server may have died (a SIGTERM to its
+    process group) while the owner saves and will remove it; other programs' are not touched."""
     found = []
     with contextlib.suppress(OSError):
         with open("/proc/net/unix") as f:  # Linux: the paths of bound Unix sockets
@@ -74,8 +87,10 @@ def stale_fork_server_dirs() -> list:
                     and entry.stat(follow_symlinks=False).st_uid == os.getuid()):
                 continue
             names = os.listdir(entry.path)
-            if names and all(n.startswith("listener-") and os.path.join(entry.path, n) not in bound
-                             for n in names):
+            owners = [n[len(FORK_SERVER_OWNER):] for n in names if n.startswith(FORK_SERVER_OWNER)]
+            if (len(owners) == 1 and owners[0].isdigit() and not psutil.pid_exists(int(owners[0]))
+                    and all(n.startswith(FORK_SERVER_OWNER) or (n.startswith("listener-") and
+                            os.path.join(entry.path, n) not in bound) for n in names)):
                 found.append(entry.path)
     return found
 

@@ -9,6 +9,8 @@ import multiprocessing as mp
 import os
 from multiprocessing import forkserver as mp_forkserver, util as mp_util
 
+from .fileio import mark_fork_server_dir
+
 # Imported once in the fork server: torch, most of a component's import time, and torch._dynamo,
 # which the first torch.optim optimizer imports (~1.5 s of a learner's start on a 2-core CPU).
 # Not asyncrl: the fork server resolves imports on the interpreter's default path (its working
@@ -33,7 +35,9 @@ def process_context():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
-    mp_util.get_temp_dir()  # made now, so each component knows it (see processes._orphan_dirs)
+    # made now, so each component knows it (see processes._orphan_dirs); named ours, so that no
+    # other asyncrl process takes it for a dead one's while we run (fileio.stale_fork_server_dirs)
+    mark_fork_server_dir(mp_util.get_temp_dir())
     return ctx
 
 

@@ -287,7 +287,17 @@ def test_importing_asyncrl_starts_the_fork_server_in_the_main_process_only(tmp_p
     process with ASYNCRL_NO_EARLY_FORK_SERVER set; nothing is left once the interpreter ends."""
     script = tmp_path / "probe.py"
     script.write_text(EARLY_PROBE)
+    # marked, so that another asyncrl run on the machine (its components are forks of a fork
+    # server too) is not taken for the probes' leftovers
+    mark = f"probe-{os.getpid()}-{time.monotonic_ns()}"
     env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_NO_EARLY_FORK_SERVER"}
+    env["ASYNCRL_TEST_PROBE"] = mark
+
+    def probes(p: psutil.Process) -> bool:
+        try:
+            return p.environ().get("ASYNCRL_TEST_PROBE") == mark
+        except psutil.Error:
+            return False
     before = {p.pid for p in psutil.process_iter()}
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                          timeout=110, cwd=tmp_path)
@@ -298,7 +308,7 @@ def test_importing_asyncrl_starts_the_fork_server_in_the_main_process_only(tmp_p
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the fork servers end with their interpreters
         left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before and
-                "multiprocessing.forkserver" in " ".join(p.info["cmdline"] or [])]
+                "multiprocessing.forkserver" in " ".join(p.info["cmdline"] or []) and probes(p)]
         if not left:
             break
         time.sleep(0.1)

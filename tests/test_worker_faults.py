@@ -292,19 +292,29 @@ def test_env_factory_a_worker_cannot_import_is_named(tmp_path, monkeypatch):
 
 def test_a_stale_fork_server_folder_is_removed_by_the_next_model_and_a_live_one_kept():
     """A process killed with no component alive leaves multiprocessing's folder of its fork
-    server's socket: the next model's start removes it, never one whose socket is bound."""
+    server's socket: the next model's start removes it, never one whose socket is bound, nor one
+    whose owner still runs (its fork server killed by a SIGTERM to its group while it saves),
+    nor another program's."""
     import shutil
     import socket
-    stale, live = tempfile.mkdtemp(prefix="pymp-"), tempfile.mkdtemp(prefix="pymp-")
-    open(os.path.join(stale, "listener-abc"), "w").close()  # no process binds it
+    import subprocess
+    import sys
+    from asyncrl.fileio import FORK_SERVER_OWNER
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    dirs = stale, live, saving, foreign = [tempfile.mkdtemp(prefix="pymp-") for _ in range(4)]
+    for d, owner in ((stale, dead.pid), (live, dead.pid), (saving, os.getpid())):
+        open(os.path.join(d, f"{FORK_SERVER_OWNER}{owner}"), "w").close()
+    for d in (stale, saving, foreign):
+        open(os.path.join(d, "listener-abc"), "w").close()  # no process binds it
     try:
         with socket.socket(socket.AF_UNIX) as sock:
             sock.bind(os.path.join(live, "listener-xyz"))
             sock.listen()
             found = stale_fork_server_dirs()
-            assert stale in found and live not in found
+            assert stale in found and not {live, saving, foreign} & set(found)
             shutil.rmtree(make_scratch_dir())
-            assert not os.path.exists(stale) and os.path.exists(live)
+            assert [os.path.exists(d) for d in dirs] == [False, True, True, True]
     finally:
-        shutil.rmtree(live, ignore_errors=True)
-        shutil.rmtree(stale, ignore_errors=True)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
