@@ -32,3 +32,16 @@ def no_scratch_dir_left_by_a_dead_process():
     while (left := set(orphaned_scratch_dirs()) - before) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"scratch directories of dead processes left behind: {sorted(left)}"
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """``machine(gpu, cores)``: what this process sees from then on, torch's CUDA and the CPU
+    cores the defaults follow (nothing touches CUDA before a train() call)."""
+    import torch
+    import asyncrl.config
+
+    def set_machine(gpu: bool, cores: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+        monkeypatch.setattr(asyncrl.config, "available_cores", lambda: cores)
+    return set_machine

@@ -177,18 +177,12 @@ def test_same_observations_as_gymnasiums_reference_wrappers(env_id):
     ref.close()
 
 
-def test_an_atari_model_saved_where_a_gpu_learns_loads_with_a_cpus_preset(tmp_path, monkeypatch):
+def test_an_atari_model_saved_where_a_gpu_learns_loads_with_a_cpus_preset(tmp_path, machine):
     """Saved on a 16-core machine with a GPU (asynchronous, 14 x 2), loaded on a 2-core CPU: the
     CPU's synchronous preset, as a new model there. A batch the caller set that the CPU's layout
     cannot make (synchronous PPO's batch is one rollout of every env) keeps the saved values, and
     says so."""
-    import asyncrl.config
-
-    def machine(gpu: bool, cores: int) -> None:
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
-        monkeypatch.setattr(asyncrl.config, "available_cores", lambda: cores)
-
-    machine(True, 16)  # nothing touches CUDA before train()
+    machine(True, 16)
     with APPO("ALE/Pong-v5", verbose=0) as model, APPO("ALE/Pong-v5", verbose=0, batch_size=2048) as big:
         assert (model.config.algo, model.config.num_workers, model.config.num_envs_per_worker) == ("appo", 14, 2)
         model.save(tmp_path / "gpu.pt")

@@ -110,18 +110,12 @@ def test_set_parameters_device_is_checked_not_ignored():
         model.set_parameters(params, device="gpu")
 
 
-def test_a_model_loaded_on_another_machine_takes_its_layout(tmp_path, monkeypatch):
+def test_a_model_loaded_on_another_machine_takes_its_layout(tmp_path, machine):
     """A model saved where a GPU learns with 16 cores (14 rollout workers) loads on a 2-core CPU
     with the CPU's 2, and saved again there, loads on the GPU machine with 14: the layout the
     machine implied is derived again where it loads. What the caller set, before or at the load,
     stays."""
-    import asyncrl.config
-
-    def machine(gpu: bool, cores: int) -> None:
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
-        monkeypatch.setattr(asyncrl.config, "available_cores", lambda: cores)
-
-    machine(True, 16)  # nothing touches CUDA before train()
+    machine(True, 16)
     model = APPO("CartPole-v1", verbose=0, num_envs_per_worker=4)
     model.learning_rate = 3e-4
     assert (model.config.num_workers, model.device) == (14, "cuda")
