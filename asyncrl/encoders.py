@@ -73,6 +73,46 @@ class RunningNorm(nn.Module):
         return y * self.std() + self.mean
 
 
+class ReturnScale(RunningNorm):
+    """The value targets' running statistics, for a value head that learns values in units of
+    their std, not centred on their mean (as SB3's VecNormalize and CleanRL scale rewards, by the
+    returns' std, never shifted): a value is ``output x scale``, so the head's untrained output 0
+    means a value of 0 wherever it has not learnt otherwise. Centred, a state the policy rarely
+    visits takes the mean return as its value, and where the early returns are catastrophes
+    (CliffWalking's falls) that mean is below what a timid policy gets: nothing new looks worth
+    trying (2026-12-01: CliffWalking solved in 0 of 10 seeds centred; docs/benchmarks/
+    learning-suite.md). The scale is floored at |mean| / NORM_CLIP, so the learnt outputs stay
+    within about +-NORM_CLIP also where the returns barely vary about a large mean (a task that
+    pays 1 a step and is always survived).
+
+    ``centred`` is 1 in models saved before this (their value heads learnt ``(v - mean) /
+    std``) and reads them unchanged; 0 in new ones."""
+
+    filled_on_load = {"centred": 1.0}  # a state dict without it: saved by an older version
+
+    def __init__(self):
+        super().__init__((), clip=None)
+        self.register_buffer("centred", torch.zeros(()))
+
+    def scale(self) -> torch.Tensor:
+        floor = (1 - self.centred) * self.mean / NORM_CLIP
+        return (self.var + floor ** 2 + 1e-8).sqrt()
+
+    def shift(self) -> torch.Tensor:
+        return self.centred * self.mean
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        return (values - self.shift()) / self.scale()
+
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.scale() + self.shift()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name, value in self.filled_on_load.items():
+            state_dict.setdefault(prefix + name, torch.tensor(value))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
 # --- image encoders: take uint8 [N, C, H, W] or [N, H, W, C], or their ``scale`` output -----
 # Convolution stacks, (out channels, kernel, stride) per layer, then a 512-unit layer:
 CONV_STACKS = {

@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (ConvEncoder, RunningNorm, bfloat16_weights, computes_bfloat16, init_layer,
-                       image_encoder, mlp, normalized_keys, flat_width, preprocess_leaf, sb3_space,
-                       snapshot_bfloat16)
+from .encoders import (ConvEncoder, ReturnScale, RunningNorm, bfloat16_weights, computes_bfloat16,
+                       init_layer, image_encoder, mlp, normalized_keys, flat_width, preprocess_leaf,
+                       sb3_space, snapshot_bfloat16)
 from .gru import gru_sequence, gru_step
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
 
@@ -77,7 +77,7 @@ class ActorCritic(nn.Module):
         self.norm_keys = normalized_keys(env) if cfg.normalize_obs else []
         self.obs_norm = nn.ModuleList([RunningNorm((int(np.prod(env.leaves[k][1].shape)),))
                                        for k in self.norm_keys])
-        self.value_norm = RunningNorm((), clip=None) if cfg.normalize_returns else None
+        self.value_norm = ReturnScale() if cfg.normalize_returns else None
         custom = spec.policy is not None or "features_extractor_class" in kw
         self.sb3 = custom  # SB3's preprocessing for code written for SB3
         ortho = kw.get("ortho_init", True)
@@ -262,7 +262,7 @@ class ActorCritic(nn.Module):
 
     def normalize_values(self, values: torch.Tensor) -> torch.Tensor:
         """Values in the scale the value head learns in (identity without return normalisation)."""
-        return values if self.value_norm is None else (values - self.value_norm.mean) / self.value_norm.std()
+        return values if self.value_norm is None else self.value_norm(values)
 
     def denormalize_values(self, values: torch.Tensor) -> torch.Tensor:
         """The value head's outputs in the returns' scale (the inverse of ``normalize_values``)."""
@@ -297,9 +297,9 @@ class ActorCritic(nn.Module):
             biases.append(torch.cat([a.bias, c.bias]).detach().clone())
         p = self.dist.param_size
         if self.value_norm is not None:  # values de-normalised by the value row itself
-            std, mean = self.value_norm.std(), self.value_norm.mean
-            weights[-1][p] *= std
-            biases[-1][p] = biases[-1][p] * std + mean
+            scale, shift = self.value_norm.scale(), self.value_norm.shift()
+            weights[-1][p] *= scale
+            biases[-1][p] = biases[-1][p] * scale + shift
         norms, centred, col = dict(zip(self.norm_keys, self.obs_norm)), {}, 0
         for key, space in zip(self.keys, self.spaces):
             width, norm = flat_width(space), norms.get(key)

@@ -171,7 +171,9 @@ def _load(path: str) -> Any:
 
 def _check_state_dict(model: torch.nn.Module, state: dict, exact_match: bool) -> None:
     own = model.state_dict()
-    missing = sorted(set(own) - set(state))
+    filled = {f"{name}.{key}" if name else key for name, module in model.named_modules()
+              for key in getattr(module, "filled_on_load", ())}  # entries older versions lacked
+    missing = sorted(set(own) - set(state) - filled)
     unexpected = sorted(set(state) - set(own))
     wrong = [f"{k}: expected {tuple(own[k].shape)}, got {tuple(state[k].shape)}"
              for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]

@@ -180,7 +180,7 @@ def test_the_policy_workers_fused_forward_gives_the_models_denormalised_values()
     """Return normalisation is on by default: the fused inference folds its scale into the
     value row, and must give what the model gives."""
     model = ActorCritic.from_spaces(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
-    model.value_norm.update(torch.randn(256) * 30 + 100)
+    model.value_norm.update(torch.randn(256) * 300 + 100)
     obs = {"obs": torch.randn(16, 4)}
     with torch.no_grad():
         params, values = model(obs)
@@ -188,6 +188,56 @@ def test_the_policy_workers_fused_forward_gives_the_models_denormalised_values()
     assert model.fused_forward() != model.forward  # the fused path was taken
     assert torch.allclose(fused_params, params, atol=1e-5) and torch.allclose(fused_values, values, atol=1e-3)
     assert float(values.abs().mean()) > 10  # in the returns' units, not normalised ones
+
+
+def test_return_normalisation_scales_values_without_centring_them():
+    """The value head learns values in units of the targets' std: its untrained output 0 is a
+    value of 0 whatever the returns (centred on their mean, a state the head has not learnt would
+    take the mean return, which on CliffWalking's early falls is below what a timid policy gets),
+    and the outputs it learns stay within about +-10 (NORM_CLIP) also where the returns barely
+    vary about a large mean."""
+    model = ActorCritic.from_spaces(gym.spaces.Discrete(48), gym.spaces.Discrete(4))
+    torch.nn.init.zeros_(model.value_head.weight)
+    torch.nn.init.zeros_(model.value_head.bias)
+    model.value_norm.update(torch.tensor([-600.0, -1200.0] * 512))  # falls: -900 +- 300
+    obs = {"obs": torch.arange(48)}
+    with torch.no_grad():
+        assert torch.equal(model(obs)[1], torch.zeros(48))
+        assert torch.equal(model.fused_forward()(obs)[1], torch.zeros(48))
+        returns = torch.tensor([-13.0, -100.0, -900.0])
+        assert torch.allclose(model.denormalize_values(model.normalize_values(returns)), returns)
+        # a unit is the returns' std (300; here floored at |mean| / 10: hypot(300, 90)), and the
+        # mean is not subtracted
+        assert float(model.normalize_values(torch.tensor(-900.0))) == pytest.approx(-900 / 313.2, rel=1e-3)
+    survived = ActorCritic.from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
+    survived.value_norm.update(torch.randn(4096) + 1000.0)  # 1 a step, always survived: 1000 +- 1
+    assert float(survived.normalize_values(torch.tensor(1000.0))) == pytest.approx(10.0, abs=0.01)
+
+
+def test_a_model_saved_before_uncentred_returns_reads_its_values_as_it_learnt_them():
+    """A state dict without ``value_norm.centred`` (saved before 2026-12-01) keeps its value
+    head's meaning, value = output x std + mean, when loaded, also past set_parameters' exact
+    check, and keeps it when saved again."""
+    from asyncrl.parameters import _check_state_dict
+    box, two = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2)
+    trained = ActorCritic.from_spaces(box, two)
+    trained.value_norm.update(torch.randn(256) * 30 + 100)
+    old_state = {k: v for k, v in trained.state_dict().items() if k != "value_norm.centred"}
+    model = ActorCritic.from_spaces(box, two)
+    _check_state_dict(model, old_state, exact_match=True)  # nothing reported missing
+    model.load_state_dict(old_state)
+    assert float(model.value_norm.centred) == 1.0
+    bare = ActorCritic.from_spaces(box, two, Config(normalize_returns=False))  # the head's output
+    bare.load_state_dict({k: v for k, v in old_state.items() if not k.startswith("value_norm.")})
+    obs = {"obs": torch.randn(16, 4)}
+    with torch.no_grad():
+        mean, std = trained.value_norm.mean, trained.value_norm.var.sqrt()
+        expected = bare(obs)[1] * std + mean
+        assert torch.allclose(model(obs)[1], expected, atol=1e-3)
+        assert torch.allclose(model.fused_forward()(obs)[1], expected, atol=1e-3)
+    again = ActorCritic.from_spaces(box, two)
+    again.load_state_dict(model.state_dict())
+    assert float(again.value_norm.centred) == 1.0
 
 
 def test_the_fused_forward_folds_the_observation_normalisers_and_clips_as_they_do():
