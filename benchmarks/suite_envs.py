@@ -35,6 +35,20 @@ def minigrid_keycorridor():
     return minigrid("MiniGrid-KeyCorridorS3R1-v0")
 
 
+def minigrid_lavagap():
+    return minigrid("MiniGrid-LavaGapS5-v0")
+
+
+def minigrid_dynamic_obstacles():
+    return minigrid("MiniGrid-Dynamic-Obstacles-5x5-v0")
+
+
+def cliffwalking():
+    """Gymnasium's CliffWalking (``Discrete(48)`` states): it has no time limit of its own (a
+    fall sends the agent back to the start), so episodes end at 200 steps here."""
+    return gym.wrappers.TimeLimit(gym.make("CliffWalking-v1"), 200)
+
+
 def nasim(name: str) -> gym.Env:
     """A NASim scenario, ended at its step limit. Unmasked: nasim 0.12's ``get_action_mask()``
     raises (``'Network' object has no attribute 'host_discovered'``)."""
