@@ -128,7 +128,8 @@ CASES: Dict[str, Case] = {
     # Held out (2026-12-01): envs a user brings that no default was tuned on, added before any
     # run of them; targets at Gymnasium's reward_threshold where PPO reaches it within the budget,
     # else a level set before the runs (Ant 1,000; Swimmer 100: PPO at gamma 0.99 rarely passes
-    # ~120; CliffWalking -17, the path one row from the cliff; LavaGap 0.9)
+    # ~120; BipedalWalker 250 of its 300; CliffWalking -17, the longest safe path, along the top
+    # row (-13 beside the cliff); LavaGap 0.9)
     "lunarlander": Case("LunarLander-v3", 1_000_000, 200, "heldout"),
     "cliffwalking": Case(se.cliffwalking, 300_000, -17, "heldout"),
     "inverted-double-pendulum": Case("InvertedDoublePendulum-v5", 1_000_000, 9100, "heldout"),

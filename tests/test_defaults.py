@@ -1,5 +1,6 @@
 """What the defaults derive from the env: a space in, the values out; and the docs' table of
 them checked against the code."""
+import math
 import pathlib
 
 import gymnasium as gym
@@ -206,9 +207,10 @@ def test_return_normalisation_scales_values_without_centring_them():
         assert torch.equal(model.fused_forward()(obs)[1], torch.zeros(48))
         returns = torch.tensor([-13.0, -100.0, -900.0])
         assert torch.allclose(model.denormalize_values(model.normalize_values(returns)), returns)
-        # a unit is the returns' std (300; here floored at |mean| / 10: hypot(300, 90)), and the
-        # mean is not subtracted
-        assert float(model.normalize_values(torch.tensor(-900.0))) == pytest.approx(-900 / 313.2, rel=1e-3)
+        # a unit is the returns' std (300; here floored at |mean| / 10), and the mean is not
+        # subtracted
+        unit = math.hypot(300, 900 / 10)
+        assert float(model.normalize_values(torch.tensor(-900.0))) == pytest.approx(-900 / unit, rel=1e-3)
     survived = ActorCritic.from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
     survived.value_norm.update(torch.randn(4096) + 1000.0)  # 1 a step, always survived: 1000 +- 1
     assert float(survived.normalize_values(torch.tensor(1000.0))) == pytest.approx(10.0, abs=0.01)
