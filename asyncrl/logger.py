@@ -6,6 +6,7 @@ import functools
 import math
 import os
 import time
+import warnings
 from collections import defaultdict, deque
 from typing import Dict, Optional
 
@@ -15,6 +16,9 @@ from .timing import summarize
 
 FPS_WINDOWS = (10, 60, 300)
 HISTORY_ROWS = 4096  # summaries kept for model.plot() (~1 MiB); thinned beyond
+# Env steps (all envs together, over every train() call) after which a model none of whose
+# episodes has ended warns once: an env without a time limit may never end.
+NO_EPISODE_WARN_STEPS = 200_000
 
 
 def next_run_dir(root: str, prefix: str = "APPO") -> str:
@@ -41,6 +45,9 @@ class TrainLogger:
         # every policy of a multi-agent env (trained, frozen, rule-based): id -> recent (return, length)
         self.policy_episodes: Dict[str, deque] = {}
         self.num_episodes = 0
+        self.any_episode_ended = False  # any policy's, over every train() call
+        self.env_steps_seen = 0         # collected, over every train() call
+        self.warned_no_episodes = False
         self.trained({})
         self.env_restarts = 0  # envs recreated after raising (on_env_error="restart")
         self.worker_restarts = 0  # component processes (any kind) replaced after dying
@@ -78,6 +85,7 @@ class TrainLogger:
         if report.kind is ReportKind.EPISODES:
             by_policy, steps, restarts = report.payload
             for pid, (returns, lengths) in by_policy.items():
+                self.any_episode_ended |= bool(returns)
                 if pid is not None:  # a multi-agent env's policy
                     window = self.policy_episodes.setdefault(pid, deque(maxlen=self.stats_window))
                     window.extend(zip(returns, lengths))
@@ -87,6 +95,8 @@ class TrainLogger:
                     self.num_episodes += len(returns)
             self.env_restarts += restarts
             self.collected_env_steps += steps
+            self.env_steps_seen += steps
+            self.warn_if_no_episode_ends()
         elif report.kind is ReportKind.TRAIN:
             prefix = self.learner_prefix.get(report.component, "")
             for k, v in report.payload.items():
@@ -95,6 +105,23 @@ class TrainLogger:
             self.last_train_by[prefix] = report.payload
         elif report.kind is ReportKind.TIMING:
             self.timings[report.component] = report.payload
+
+    def warn_if_no_episode_ends(self) -> None:
+        """Once per model: ``NO_EPISODE_WARN_STEPS`` env steps and not one episode ended. Training
+        goes on (the value bootstraps across rollouts), but ``ep_rew_mean`` stays nan and a
+        policy that learns to wait is never stopped: CliffWalking-v1, for one, has no time
+        limit, and its agent learns to stand still beside the cliff."""
+        if (self.warned_no_episodes or self.any_episode_ended
+                or self.env_steps_seen < NO_EPISODE_WARN_STEPS):
+            return
+        self.warned_no_episodes = True
+        warnings.warn(
+            f"no episode has ended in {self.env_steps_seen:,} env steps (every env together): "
+            "rollout/ep_rew_mean stays nan, and an env without a time limit may never end "
+            "(gymnasium's CliffWalking-v1 has none). If yours has none, give it one: "
+            "gymnasium.make(env_id, max_episode_steps=N) or "
+            "gymnasium.wrappers.TimeLimit(env, max_episode_steps=N) in the env factory.",
+            RuntimeWarning, stacklevel=2)
 
     def log_to_csv(self, path: str) -> None:
         """Also append every summary's scalars to the CSV file ``path`` (rows already in it are

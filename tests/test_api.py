@@ -207,3 +207,20 @@ def test_save_killed_mid_write_leaves_the_previous_file_loadable(model, obs_batc
     assert path.read_bytes() == before
     with APPO.load(path) as loaded:
         np.testing.assert_array_equal(greedy(loaded, obs_batch), greedy(model, obs_batch))
+
+
+def test_a_run_where_no_episode_ends_warns_once_with_the_fix(monkeypatch, recwarn):
+    """An env without a time limit whose episodes never end trains on (values bootstrap), but
+    ep_rew_mean stays nan: the model warns, once, and says how to add a limit."""
+    import asyncrl.logger
+    from custom_envs import never_ends_env
+    monkeypatch.setattr(asyncrl.logger, "NO_EPISODE_WARN_STEPS", 1_000)
+    with APPO(never_ends_env, **SERIAL) as model:
+        model.learn(1_500)
+        model.learn(1_500)
+    ours = [w for w in recwarn.list if "no episode has ended" in str(w.message)]
+    assert len(ours) == 1 and issubclass(ours[0].category, RuntimeWarning)
+    assert "max_episode_steps" in str(ours[0].message)
+    with make() as model:  # CartPole's episodes end: no warning
+        model.learn(1_500)
+    assert len([w for w in recwarn.list if "no episode has ended" in str(w.message)]) == 1
