@@ -165,10 +165,10 @@ class Config:
         "mean and std (clipped to +-10), inside the model: the statistics are buffers that travel "
         "with the weights.")
     normalize_returns: bool = _f(
-        True, "Learn values in units of the running std of the value targets, not centred on "
-        "their mean (the value head's untrained output is a value of 0, not the mean return), "
-        "so the value loss has one scale whatever the rewards' (NASim's episodes pay ~200, "
-        "CartPole's 1 a step).")
+        True, "Learn values in units of the running std of the value targets, centred on their "
+        "mean only where it is positive (with negative returns the value head's untrained "
+        "output is a value of 0, not the mean return), so the value loss has one scale whatever "
+        "the rewards' (NASim's episodes pay ~200, CartPole's 1 a step).")
 
     # --- logging ----------------------------------------------------------------------------
     verbose: int = _f(1, "0: silent; 1: console summary every log_interval seconds.")

@@ -75,17 +75,19 @@ class RunningNorm(nn.Module):
 
 class ReturnScale(RunningNorm):
     """The value targets' running statistics, for a value head that learns values in units of
-    their std, not centred on their mean (as SB3's VecNormalize and CleanRL scale rewards, by the
-    returns' std, never shifted): a value is ``output x scale``, so the head's untrained output 0
-    means a value of 0 wherever it has not learnt otherwise. Centred, a state the policy rarely
-    visits takes the mean return as its value, and where the early returns are catastrophes
-    (CliffWalking's falls) that mean is below what a timid policy gets: nothing new looks worth
-    trying (2026-12-01: CliffWalking solved in 0 of 10 seeds centred, 5 of 5 not; docs/benchmarks/
-    learning-suite.md). The scale is floored at |mean| / NORM_CLIP, so the learnt outputs stay
-    within about +-NORM_CLIP also where the returns barely vary about a large mean (a task that
-    pays 1 a step and is always survived).
+    their std, centred on their mean only where the mean is positive: a value is ``output x
+    scale + max(mean, 0)``. Where returns are negative the head's untrained output 0 means a
+    value of 0: centred, a state the policy rarely visits takes the mean return as its value,
+    and where the early returns are catastrophes (CliffWalking's falls) that mean is below what
+    a timid policy gets: nothing new looks worth trying (2026-12-01: CliffWalking solved in 0 of
+    10 seeds centred, 5 of 5 uncentred). There the scale is floored at |mean| / NORM_CLIP, so the
+    learnt outputs stay within about +-NORM_CLIP also where the returns barely vary about a large
+    negative mean. Where the mean is positive (MuJoCo's returns) the values are centred on it:
+    uncentred, HalfCheetah, Walker2d and Hopper ended lower in 8 of 9 seed pairs (the floor
+    inflates the unit, and the head must learn the mean as an offset; docs/benchmarks/
+    learning-suite.md).
 
-    ``centred`` is 1 in models saved before this (their value heads learnt ``(v - mean) /
+    ``centred`` is 1 in models saved before 2026-12-01 (their value heads learnt ``(v - mean) /
     std``) and reads them unchanged; 0 in new ones."""
 
     filled_on_load = {"centred": 1.0}  # a state dict without it: saved by an older version
@@ -95,11 +97,11 @@ class ReturnScale(RunningNorm):
         self.register_buffer("centred", torch.zeros(()))
 
     def scale(self) -> torch.Tensor:
-        floor = (1 - self.centred) * self.mean / NORM_CLIP
+        floor = (1 - self.centred) * self.mean.clamp(max=0) / NORM_CLIP
         return (self.var + floor ** 2 + 1e-8).sqrt()
 
     def shift(self) -> torch.Tensor:
-        return self.centred * self.mean
+        return self.centred * self.mean + (1 - self.centred) * self.mean.clamp(min=0)
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
         return (values - self.shift()) / self.scale()

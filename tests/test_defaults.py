@@ -191,12 +191,13 @@ def test_the_policy_workers_fused_forward_gives_the_models_denormalised_values()
     assert float(values.abs().mean()) > 10  # in the returns' units, not normalised ones
 
 
-def test_return_normalisation_scales_values_without_centring_them():
-    """The value head learns values in units of the targets' std: its untrained output 0 is a
-    value of 0 whatever the returns (centred on their mean, a state the head has not learnt would
-    take the mean return, which on CliffWalking's early falls is below what a timid policy gets),
-    and the outputs it learns stay within about +-10 (NORM_CLIP) also where the returns barely
-    vary about a large mean."""
+def test_return_normalisation_scales_values_without_centring_them_on_a_negative_mean():
+    """The value head learns values in units of the targets' std, centred on their mean only
+    where it is positive: with negative returns its untrained output 0 is a value of 0 (centred,
+    a state the head has not learnt would take the mean return, which on CliffWalking's early
+    falls is below what a timid policy gets), and the outputs it learns stay within about +-10
+    (NORM_CLIP) also where the returns barely vary about a large negative mean. With a positive
+    mean (MuJoCo's returns) the values are centred on it, as before 2026-12-01."""
     model = ActorCritic.from_spaces(gym.spaces.Discrete(48), gym.spaces.Discrete(4))
     torch.nn.init.zeros_(model.value_head.weight)
     torch.nn.init.zeros_(model.value_head.bias)
@@ -211,9 +212,16 @@ def test_return_normalisation_scales_values_without_centring_them():
         # subtracted
         unit = math.hypot(300, 900 / 10)
         assert float(model.normalize_values(torch.tensor(-900.0))) == pytest.approx(-900 / unit, rel=1e-3)
+    penalised = ActorCritic.from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
+    penalised.value_norm.update(torch.randn(4096) - 1000.0)  # -1 a step, always: -1000 +- 1
+    assert float(penalised.normalize_values(torch.tensor(-1000.0))) == pytest.approx(-10.0, abs=0.01)
     survived = ActorCritic.from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
-    survived.value_norm.update(torch.randn(4096) + 1000.0)  # 1 a step, always survived: 1000 +- 1
-    assert float(survived.normalize_values(torch.tensor(1000.0))) == pytest.approx(10.0, abs=0.01)
+    survived.value_norm.update(torch.randn(4096) * 30 + 1000.0)  # a positive mean: centred on it
+    mean, std = float(survived.value_norm.mean), float(survived.value_norm.var.sqrt())
+    assert float(survived.normalize_values(torch.tensor(1030.0))) == pytest.approx((1030 - mean) / std, rel=1e-4)
+    with torch.no_grad():
+        four = {"obs": torch.arange(4)}
+        assert torch.allclose(survived.fused_forward()(four)[1], survived(four)[1], atol=1e-3)
 
 
 def test_a_model_saved_before_uncentred_returns_reads_its_values_as_it_learnt_them():
