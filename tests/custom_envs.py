@@ -391,18 +391,12 @@ def marks_its_end(marks_dir: str):
     return lambda: MarksItsEnd(marks_dir)
 
 
-class NeverEndsEnv(gym.Env):
+class NeverEndsEnv(BoxActionEnv):
     """No terminal state and no time limit (as gymnasium's CliffWalking-v1): no episode ever
     ends."""
-    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, np.float32), {}
 
     def step(self, action):
-        return np.zeros(2, np.float32), 0.0, False, False, {}
+        return np.zeros(3, np.float32), 0.0, False, False, {}
 
 
 def never_ends_env():
