@@ -166,9 +166,10 @@ class Config:
         "with the weights.")
     normalize_returns: bool = _f(
         True, "Learn values in units of the running std of the value targets, centred on their "
-        "mean only where it is positive (with negative returns the value head's untrained "
-        "output is a value of 0, not the mean return), so the value loss has one scale whatever "
-        "the rewards' (NASim's episodes pay ~200, CartPole's 1 a step).")
+        "mean where it is positive; where it is negative the value head's untrained output "
+        "(what a rarely visited state keeps) is a value one std above the mean, never above "
+        "0. The value loss has one scale whatever the rewards' (NASim's episodes pay ~200, "
+        "CartPole's 1 a step).")
 
     # --- logging ----------------------------------------------------------------------------
     verbose: int = _f(1, "0: silent; 1: console summary every log_interval seconds.")

@@ -20,6 +20,9 @@ from .spaces import EnvSpec, channel_last, is_board, is_grid, is_image, scaled_u
 
 NATURE_MIN_SIZE = 36  # the convolution stacks' smallest input; smaller images: Config.small_images
 NORM_CLIP = 10.0      # normalised observations are clipped to +-this (CleanRL's continuous PPO)
+# Where returns are negative, the value head's untrained output is a value this many stds of the
+# value targets above their mean, never above 0 (encoders.ReturnScale)
+VALUE_OPTIMISM = 1.0
 
 
 def init_layer(layer: nn.Module, gain: float = math.sqrt(2), ortho: bool = True) -> nn.Module:
@@ -75,17 +78,21 @@ class RunningNorm(nn.Module):
 
 class ReturnScale(RunningNorm):
     """The value targets' running statistics, for a value head that learns values in units of
-    their std, centred on their mean only where the mean is positive: a value is ``output x
-    scale + max(mean, 0)``. Where returns are negative the head's untrained output 0 means a
-    value of 0: centred, a state the policy rarely visits takes the mean return as its value,
-    and where the early returns are catastrophes (CliffWalking's falls) that mean is below what
-    a timid policy gets: nothing new looks worth trying (2026-12-01: CliffWalking solved in 0 of
-    10 seeds centred, 5 of 5 uncentred). There the scale is floored at |mean| / NORM_CLIP, so the
-    learnt outputs stay within about +-NORM_CLIP also where the returns barely vary about a large
-    negative mean. Where the mean is positive (MuJoCo's returns) the values are centred on it:
-    uncentred, HalfCheetah, Walker2d and Hopper ended lower in 8 of 9 seed pairs (the floor
-    inflates the unit, and the head must learn the mean as an offset; docs/benchmarks/
-    learning-suite.md).
+    their std: a value is ``output x std + mean + optimism``. Where the mean is negative,
+    ``optimism`` is VALUE_OPTIMISM (1) std, never more than ``-mean`` (a value above 0): the head's
+    untrained output, which is what a state the policy rarely visits keeps, means a value one std
+    better than the mean return. Where the mean is positive there is none: the values are centred
+    on the mean (Sample Factory's normalize_returns).
+
+    Why: centred, a state the policy rarely visits takes the mean return as its value, and in
+    CliffWalking early falls make that mean worse than standing still: nothing new looked worth
+    trying (0 of 10 seeds found the goal). With no shift where returns are negative (the untrained
+    output a value of 0, 2026-12-01) it found the goal in 4-5 seeds of 5, but simple_spread, whose
+    returns are all negative too, got worse before it got better (training return -40 to -52 at
+    200k agent steps against -23 to -31 centred) and ended 2.4 points behind at 2M: optimism up to
+    a value of 0, far above anything reachable there, pays for trying every unseen state. One std
+    keeps the optimism to the returns' own spread (docs/benchmarks/learning-suite.md, "Optimism of
+    one std").
 
     ``centred`` is 1 in models saved before 2026-12-01 (their value heads learnt ``(v - mean) /
     std``) and reads them unchanged; 0 in new ones."""
@@ -97,11 +104,11 @@ class ReturnScale(RunningNorm):
         self.register_buffer("centred", torch.zeros(()))
 
     def scale(self) -> torch.Tensor:
-        floor = (1 - self.centred) * self.mean.clamp(max=0) / NORM_CLIP
-        return (self.var + floor ** 2 + 1e-8).sqrt()
+        return self.std()
 
     def shift(self) -> torch.Tensor:
-        return self.centred * self.mean + (1 - self.centred) * self.mean.clamp(min=0)
+        optimism = torch.minimum(VALUE_OPTIMISM * self.std(), (-self.mean).clamp(min=0))
+        return self.mean + (1 - self.centred) * optimism
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
         return (values - self.shift()) / self.scale()

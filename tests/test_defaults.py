@@ -1,6 +1,5 @@
 """What the defaults derive from the env: a space in, the values out; and the docs' table of
 them checked against the code."""
-import math
 import pathlib
 
 import gymnasium as gym
@@ -191,30 +190,33 @@ def test_the_policy_workers_fused_forward_gives_the_models_denormalised_values()
     assert float(values.abs().mean()) > 10  # in the returns' units, not normalised ones
 
 
-def test_return_normalisation_scales_values_without_centring_them_on_a_negative_mean():
-    """The value head learns values in units of the targets' std, centred on their mean only
-    where it is positive: with negative returns its untrained output 0 is a value of 0 (centred,
-    a state the head has not learnt would take the mean return, which on CliffWalking's early
-    falls is below what a timid policy gets), and the outputs it learns stay within about +-10
-    (NORM_CLIP) also where the returns barely vary about a large negative mean. With a positive
-    mean (MuJoCo's returns) the values are centred on it, as before 2026-12-01."""
+def test_return_normalisation_starts_unlearnt_values_one_std_above_a_negative_mean():
+    """The value head learns values in units of the targets' std. Where their mean is negative,
+    its untrained output 0 (what a state the policy rarely visits keeps) is a value one std above
+    the mean, never above 0: centred on the mean, CliffWalking's early falls made every unvisited
+    state look worse than standing still; at a value of 0, every unvisited state looked better
+    than anything simple_spread's agents could reach. A positive mean is centred on, as before
+    2026-12-01 (MuJoCo's returns)."""
     model = ActorCritic.from_spaces(gym.spaces.Discrete(48), gym.spaces.Discrete(4))
     torch.nn.init.zeros_(model.value_head.weight)
     torch.nn.init.zeros_(model.value_head.bias)
     model.value_norm.update(torch.tensor([-600.0, -1200.0] * 512))  # falls: -900 +- 300
     obs = {"obs": torch.arange(48)}
     with torch.no_grad():
-        assert torch.equal(model(obs)[1], torch.zeros(48))
-        assert torch.equal(model.fused_forward()(obs)[1], torch.zeros(48))
+        assert torch.allclose(model(obs)[1], torch.full((48,), -600.0))
+        assert torch.allclose(model.fused_forward()(obs)[1], torch.full((48,), -600.0))
         returns = torch.tensor([-13.0, -100.0, -900.0])
         assert torch.allclose(model.denormalize_values(model.normalize_values(returns)), returns)
-        # a unit is the returns' std (300; here floored at |mean| / 10), and the mean is not
-        # subtracted
-        unit = math.hypot(300, 900 / 10)
-        assert float(model.normalize_values(torch.tensor(-900.0))) == pytest.approx(-900 / unit, rel=1e-3)
+        assert float(model.normalize_values(torch.tensor(-900.0))) == pytest.approx(-1.0, rel=1e-4)
+    # returns that barely vary about a large negative mean still give outputs of about +-1
     penalised = ActorCritic.from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
     penalised.value_norm.update(torch.randn(4096) - 1000.0)  # -1 a step, always: -1000 +- 1
-    assert float(penalised.normalize_values(torch.tensor(-1000.0))) == pytest.approx(-10.0, abs=0.01)
+    assert float(penalised.normalize_values(torch.tensor(-1000.0))) == pytest.approx(-1.0, abs=0.05)
+    # the optimism stops at a value of 0: a mean of -0.5 with a std of 5
+    near_zero = ActorCritic.from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
+    near_zero.value_norm.update(torch.tensor([-5.5, 4.5] * 512))
+    assert float(near_zero.normalize_values(torch.tensor(0.0))) == pytest.approx(0.0, abs=1e-5)
+    assert float(near_zero.normalize_values(torch.tensor(-5.0))) == pytest.approx(-1.0, rel=1e-4)
     survived = ActorCritic.from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
     survived.value_norm.update(torch.randn(4096) * 30 + 1000.0)  # a positive mean: centred on it
     mean, std = float(survived.value_norm.mean), float(survived.value_norm.var.sqrt())
