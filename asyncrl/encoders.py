@@ -103,18 +103,15 @@ class ReturnScale(RunningNorm):
         super().__init__((), clip=None)
         self.register_buffer("centred", torch.zeros(()))
 
-    def scale(self) -> torch.Tensor:
-        return self.std()
-
     def shift(self) -> torch.Tensor:
         optimism = torch.minimum(VALUE_OPTIMISM * self.std(), (-self.mean).clamp(min=0))
         return self.mean + (1 - self.centred) * optimism
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
-        return (values - self.shift()) / self.scale()
+        return (values - self.shift()) / self.std()
 
     def denormalize(self, y: torch.Tensor) -> torch.Tensor:
-        return y * self.scale() + self.shift()
+        return y * self.std() + self.shift()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for name, value in self.filled_on_load.items():

@@ -297,7 +297,7 @@ class ActorCritic(nn.Module):
             biases.append(torch.cat([a.bias, c.bias]).detach().clone())
         p = self.dist.param_size
         if self.value_norm is not None:  # values de-normalised by the value row itself
-            scale, shift = self.value_norm.scale(), self.value_norm.shift()
+            scale, shift = self.value_norm.std(), self.value_norm.shift()
             weights[-1][p] *= scale
             biases[-1][p] = biases[-1][p] * scale + shift
         norms, centred, col = dict(zip(self.norm_keys, self.obs_norm)), {}, 0
