@@ -1,11 +1,19 @@
-"""What the benchmarks share: raw env rate, per-process CPU and memory sampling, steady FPS."""
+"""What the benchmarks share: raw env rate, per-process CPU and memory sampling, steady FPS,
+Sample Factory's training runs."""
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
 import textwrap
 import threading
 import time
-from typing import Dict
+from typing import Dict, List
 
 import psutil
 
@@ -39,6 +47,95 @@ def raw_env_rate(env, processes: int, seconds: float = 5.0, env_kwargs: dict = N
     for p in procs:
         p.join()
     return sum(rates)
+
+
+# Sample Factory 2.1.1 in its own venv (../shared/bench/sample_factory/install.sh): it pins
+# gymnasium<1.0 and numpy<2.0, so it runs as a subprocess of its own Python.
+SF_PYTHON = os.path.join(os.environ.get("SF_VENV", "/tmp/sf-venv"), "bin", "python")
+# Its training return is written against its frame counter in TensorBoard summaries, read by this
+# snippet under SF's own Python (it has TensorBoard's reader).
+SF_READ_TB = """
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0}); acc.Reload()
+tag = "policy_stats/avg_true_objective"
+print(json.dumps([(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []))
+"""
+
+
+def _run_group(cmd: List[str], log_path: str, env: Dict[str, str] = None) -> int:
+    """Run ``cmd`` in a session of its own, its output to ``log_path``; the whole session is
+    killed afterwards (SF's workers outlive their parent), also when this process is interrupted."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=None if env is None else {**os.environ, **env})
+        try:
+            return proc.wait()
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def sf_enjoy_returns(log: str) -> List[float]:
+    """The episode returns of a Sample Factory ``enjoy`` log, in order. After each episode it logs
+    the mean true objective of the episodes so far (over its last 100): the k-th return is k x
+    the k-th mean less (k - 1) x the one before, for the first 100."""
+    means = [float(m.group(1)) for m in re.finditer(r"avg true_objective: ([-\d.e+]+)", log)][:100]
+    return [k * m - (k - 1) * prev for k, (prev, m) in enumerate(zip([0.0] + means, means), 1)]
+
+
+def sample_factory(module: str, flags: List[str], frames: int, seed: int,
+                   eval_episodes: int = 0) -> dict:
+    """Train Sample Factory's example ``python -m module`` (with ``flags``: its env, layout, device)
+    for ``frames`` of its frame counter (env steps x its frame skip), seed ``seed``, on the CPU
+    unless ``flags`` say otherwise. Returns ``curve`` [(frames, seconds since the launch, start-up
+    included; its training return ``avg_true_objective``, a mean over its last 100 episodes)],
+    ``seconds`` (the whole run) and, with ``eval_episodes``, ``greedy``: the returns of that many
+    episodes of its final policy with deterministic actions (``enjoy``'s
+    ``--eval_deterministic``; its episodes cannot be seeded as asyncrl's evaluation seeds them)."""
+    if eval_episodes > 100:
+        raise ValueError(f"eval_episodes={eval_episodes}: Sample Factory's enjoy reports means over "
+                         "its last 100 episodes, so at most 100 episodes are read back")
+    if not os.path.exists(SF_PYTHON):
+        raise SystemExit(f"{SF_PYTHON} not found: run ../shared/bench/sample_factory/install.sh "
+                         "(or set SF_VENV)")
+    train_dir = tempfile.mkdtemp(prefix="sf-run-")
+    try:
+        common = ["--experiment=run", f"--train_dir={train_dir}", "--device=cpu", f"--seed={seed}",
+                  *flags]
+        t0, start = time.perf_counter(), time.time()  # summaries carry epoch times
+        code = _run_group([SF_PYTHON, "-m", module, "--restart_behavior=overwrite",
+                           f"--train_for_env_steps={frames}", *common], os.path.join(train_dir, "log"))
+        seconds = time.perf_counter() - t0
+        out = subprocess.run([SF_PYTHON, "-c", SF_READ_TB, os.path.join(train_dir, "run", ".summary", "0")],
+                             capture_output=True, text=True)
+        points = json.loads(out.stdout or "[]")
+        if not points:
+            with open(os.path.join(train_dir, "log")) as f:
+                tail = f.read()[-2000:]
+            raise RuntimeError(f"Sample Factory logged no training return (exit {code}); its log ends:\n{tail}")
+        result = {"curve": [(step, round(wall - start, 1), value) for step, wall, value in points],
+                  "seconds": round(seconds, 1)}
+        if eval_episodes:
+            enjoy = module.replace(".train_", ".enjoy_")
+            log_path = os.path.join(train_dir, "enjoy.log")
+            _run_group([SF_PYTHON, "-m", enjoy, "--no_render", "--eval_deterministic=True",
+                        f"--max_num_episodes={eval_episodes}", *common], log_path,
+                       # its checkpoints hold NumPy scalars, which torch >= 2.6 refuses to load
+                       # by default; they are the files this run just wrote
+                       env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+            with open(log_path) as f:
+                text = f.read()
+            returns = sf_enjoy_returns(text)
+            if len(returns) < eval_episodes:
+                raise RuntimeError(f"Sample Factory's enjoy played {len(returns)} of {eval_episodes} "
+                                   f"episodes; its log ends:\n{text[-2000:]}")
+            result["greedy"] = returns[:eval_episodes]
+        return result
+    finally:
+        shutil.rmtree(train_dir, ignore_errors=True)
 
 
 def parse_variant(text: str) -> dict:

@@ -33,37 +33,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Optional
 
-from _common import parse_variant, plot_curves, write_runs
+from _common import SF_PYTHON, parse_variant, plot_curves, sample_factory, write_runs
 
 from asyncrl import APPO
 from asyncrl.config import Config, available_cores, with_defaults
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-SF_PYTHON = os.path.join(os.environ.get("SF_VENV", "/tmp/sf-venv"), "bin", "python")
 FRAME_SKIP = 4
 SCENARIOS = {  # name: (asyncrl id, its env_kwargs, SF env, SF's reward scale to undo, frames)
     "basic": ("VizdoomBasic-v1", {}, "doom_basic", 0.01, 1_000_000),
     "hgs": ("VizdoomHealthGatheringSupreme-v1", dict(living_reward=0.01, death_penalty=0.0),
             "doom_health_gathering_supreme", 1.0, 1_000_000),
 }
-# SF's tag is written against its frame counter; the summaries come from this snippet, run by
-# SF's own Python (it has TensorBoard's reader).
-READ_TB = """
-import json, sys
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0}); acc.Reload()
-tag = "policy_stats/avg_true_objective"
-print(json.dumps([(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []))
-"""
 
 
 def layout(device: str) -> tuple:
@@ -99,34 +86,13 @@ def run_asyncrl(scenario: str, frames: int, seed: int, variant: Optional[dict] =
 def run_sample_factory(scenario: str, frames: int, seed: int, device: str = "cpu") -> dict:
     _, _, sf_env, scale, _ = SCENARIOS[scenario]
     workers, envs = layout(device)
-    train_dir = tempfile.mkdtemp(prefix="sf-doom-")
-    cmd = [SF_PYTHON, "-m", "sf_examples.vizdoom.train_vizdoom", f"--env={sf_env}",
-           "--experiment=doom", f"--train_dir={train_dir}", "--restart_behavior=overwrite",
-           f"--device={'cpu' if device == 'cpu' else 'gpu'}", f"--seed={seed}",
-           f"--num_workers={workers}", f"--num_envs_per_worker={envs}",
-           f"--train_for_env_steps={frames}"]
-    t0, start = time.perf_counter(), time.time()  # summaries carry epoch times
-    with open(os.path.join(train_dir, "log"), "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait()
-        finally:  # SF's workers outlive their parent: the whole session goes
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    seconds = time.perf_counter() - t0
-    summaries = os.path.join(train_dir, "doom", ".summary", "0")
-    out = subprocess.run([SF_PYTHON, "-c", READ_TB, summaries], capture_output=True, text=True)
-    points = json.loads(out.stdout or "[]")
-    if not points:
-        raise RuntimeError(f"Sample Factory logged no true objective (exit {proc.returncode}); "
-                           f"its log: {os.path.join(train_dir, 'log')}")
-    shutil.rmtree(train_dir, ignore_errors=True)
-    curve = [(step, round(wall - start, 1), value / scale) for step, wall, value in points]
+    ran = sample_factory("sf_examples.vizdoom.train_vizdoom", [
+        f"--env={sf_env}", f"--device={'cpu' if device == 'cpu' else 'gpu'}",
+        f"--num_workers={workers}", f"--num_envs_per_worker={envs}"], frames, seed)
+    curve = [(step, wall, value / scale) for step, wall, value in ran["curve"]]
     return {"scenario": scenario, "engine": "sample_factory", "seed": seed, "device": device,
             "layout": [workers, envs], "cores": available_cores(), "frames": curve[-1][0],
-            "seconds": round(seconds, 1), "curve": curve}
+            "seconds": ran["seconds"], "curve": curve}
 
 
 def write(runs: list, out: str) -> None:

@@ -15,7 +15,9 @@ settings (``Case.sb3_zoo``; 8 envs), on the same preprocessed env as asyncrl. Bo
 training return (mean of the last 100 episodes) against env steps and wall time from the
 constructor's call (start-up included), and end with a greedy evaluation (20 episodes unless
 ``Case.eval_episodes`` says otherwise) on the same episodes for both libraries:
-episode ``i`` is reset with seed ``EVAL_SEED + i``. Runs are stored one file each under
+episode ``i`` is reset with seed ``EVAL_SEED + i``. ``--libs sf`` runs Sample Factory 2.1.1's example of an env where it has one (``Case.sf``; its
+venv from ``../shared/bench/sample_factory/install.sh``), 2 workers x 8 envs, for the same env
+steps (``run_sf``). Runs are stored one file each under
 ``benchmarks/results/learning_suite/`` (``<lib>_<env>_<steps>_<seed>.json``); SB3's are slow on
 2 cores and reused unless ``--rerun_sb3``. ``--report`` writes ``learning_suite.md`` (the docs'
 table: final greedy score, median and range over seeds, and the sampling policy's (a greedy
@@ -64,22 +66,36 @@ class Case:
     sb3_zoo: Optional[str] = None  # SB3 trains with this entry of RL Zoo's ppo.yml (not defaults)
     eval_episodes: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict)  # asyncrl settings the env needs (use_rnn)
+    # Sample Factory's example of this env beside it (``--libs sf``): its module and flags
+    sf: Optional[tuple] = None
+
+
+# Sample Factory 2.1.1's examples, as its docs run them: its gym example with the CartPole flags of
+# its own docstring; its MuJoCo example (its tuned settings; Gymnasium 0.29's v4 envs, asyncrl's
+# v5: the same bodies and rewards, v5 fixes details of contact forces and observations).
+SF_CARTPOLE = ("sf_examples.train_gym_env", ("--env=CartPole-v1", "--algo=APPO", "--use_rnn=False",
+               "--policy_workers_per_policy=1", "--recurrence=1", "--with_vtrace=False",
+               "--batch_size=512", "--reward_scale=0.1"))
+
+
+def sf_mujoco(env: str) -> tuple:
+    return ("sf_examples.mujoco.train_mujoco", (f"--env={env}",))
 
 
 ATARI_SHORT = {"env_kwargs": {"max_num_frames_per_episode": 27_000}}
 
 CASES: Dict[str, Case] = {
     # classic control (Gymnasium's reward_threshold where it has one)
-    "cartpole": Case("CartPole-v1", 200_000, 475, "classic", quick=100_000),
+    "cartpole": Case("CartPole-v1", 200_000, 475, "classic", quick=100_000, sf=SF_CARTPOLE),
     "acrobot": Case("Acrobot-v1", 500_000, -100, "classic", quick=200_000),
     "mountaincar": Case("MountainCar-v0", 1_000_000, -110, "classic"),
     "pendulum": Case("Pendulum-v1", 500_000, -200, "classic", quick=200_000),
     # MuJoCo
-    "halfcheetah": Case("HalfCheetah-v5", 1_000_000, 1500, "mujoco"),
-    "walker2d": Case("Walker2d-v5", 1_000_000, 1000, "mujoco"),
+    "halfcheetah": Case("HalfCheetah-v5", 1_000_000, 1500, "mujoco", sf=sf_mujoco("mujoco_halfcheetah")),
+    "walker2d": Case("Walker2d-v5", 1_000_000, 1000, "mujoco", sf=sf_mujoco("mujoco_walker")),
     # Held out from the continuous preset's tuning (added after it was set): Hopper's target as
     # Walker2d's; LunarLanderContinuous at Gymnasium's reward_threshold
-    "hopper": Case("Hopper-v5", 1_000_000, 1000, "mujoco"),
+    "hopper": Case("Hopper-v5", 1_000_000, 1000, "mujoco", sf=sf_mujoco("mujoco_hopper")),
     "lunarlander-continuous": Case("LunarLanderContinuous-v3", 1_000_000, 200, "box2d"),
     # MiniGrid: Dict(image 7x7x3 ids, direction); return 1 - 0.9 steps / max steps on success
     "minigrid-empty8": Case(se.minigrid_empty8, 300_000, 0.9, "minigrid", quick=150_000),
@@ -255,6 +271,28 @@ def run_sb3(name: str, seed: int) -> dict:
                 config={"algo": case.sb3, "zoo": case.sb3_zoo, "n_envs": n_envs})
 
 
+def run_sf(name: str, seed: int) -> dict:
+    """Sample Factory's example of ``name`` (``Case.sf``), 2 workers x 8 envs on the CPU, for the
+    env's budget, then its final policy's greedy return over the evaluation's episodes (not
+    seeded as asyncrl's and SB3's are: SF's ``enjoy`` cannot). Its training return is a mean
+    over its last 100 episodes, as the others'; how many had ended at a point is not logged, so
+    the window recorded is a lower bound, the episodes that must have ended by then (env steps
+    over the time limit, less the 16 lanes' episodes under way)."""
+    import gymnasium as gym
+    from _common import sample_factory
+    case = CASES[name]
+    module, flags = case.sf
+    ran = sample_factory(module, [*flags, "--num_workers=2", "--num_envs_per_worker=8"],
+                         case.steps, seed, eval_episodes=eval_episodes(case))
+    horizon = gym.spec(case.env).max_episode_steps
+    curve = [[steps, wall, ret, min(RETURN_WINDOW, max(0, steps // horizon - 16))]
+             for steps, wall, ret in ran["curve"]]
+    return dict(lib="sf", env=name, steps=case.steps, seed=seed, overrides={}, curve=curve,
+                wall=ran["seconds"], greedy_mean=float(np.mean(ran["greedy"])),
+                greedy_std=float(np.std(ran["greedy"])),
+                config={"module": module, "flags": list(flags), "layout": [2, 8]})
+
+
 def sb3_eval_returns(model, env, episodes: int, deterministic: bool = True) -> List[float]:
     """SB3's policy on the episodes asyncrl's ``evaluate(seed=EVAL_SEED)`` plays
     (SB3's ``evaluate_policy`` cannot seed episodes: on FrozenLake the optimal policy's score
@@ -394,7 +432,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                    "the quick subset): "
                    + ", ".join(f"{n} ({c.quick:,} steps)" for n, c in CASES.items() if c.quick))
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--libs", default="asyncrl,sb3", help="asyncrl, sb3 or both")
+    p.add_argument("--libs", default="asyncrl,sb3", help="of asyncrl, sb3 and sf (Sample Factory's "
+                   "examples, where an env has one: " + ", ".join(n for n, c in CASES.items() if c.sf) + ")")
     p.add_argument("--rerun_sb3", action="store_true", help="train SB3 again where a stored run exists")
     p.add_argument("--steps_scale", type=float, default=1.0, help="multiply every budget (trials)")
     p.add_argument("--variant", default="", help='asyncrl settings over the defaults, "field=value,...": '
@@ -413,6 +452,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.variant and not args.tag:
         p.error("--variant needs --tag (its runs are stored apart from the defaults')")
     libs = [x.strip() for x in args.libs.split(",") if x.strip()]
+    if set(libs) - {"asyncrl", "sb3", "sf"}:
+        p.error(f"--libs {args.libs!r}: of asyncrl, sb3 and sf")
     seeds = [int(s) for s in args.seeds.split(",")]
     if not args.report:
         try:
@@ -437,6 +478,12 @@ def main(argv: Optional[List[str]] = None) -> None:
                     print(f"sb3 {name} seed {seed}: greedy {run['greedy_mean']:.3g} in "
                           f"{run['wall']:.0f} s, to target {time_to_target(run, CASES[name].target)}",
                           flush=True)
+                if "sf" in libs and CASES[name].sf:
+                    run = run_sf(name, seed)
+                    save_run(run)
+                    print(f"sf {name} seed {seed}: greedy {run['greedy_mean']:.3g} (train "
+                          f"{run['curve'][-1][2]:.3g}) in {run['wall']:.0f} s, to target "
+                          f"{time_to_target(run, CASES[name].target)}", flush=True)
     labels = libs + [x for x in args.compare.split(",") if x]
     runs = [r for r in load_runs(labels) if r["env"] in names or args.report]
     table = summarise(runs, labels)

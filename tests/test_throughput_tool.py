@@ -61,3 +61,17 @@ def test_stage_costs_of_a_dict_observation_env(flags):
         "rollout": 8, "batch_size": 64, "minibatch_size": 32, "num_envs_per_worker": 4, **flags})
     assert set(costs) == {"env", "inference", "learning"}
     assert all(0 < v < 0.1 for v in costs.values()), costs
+
+
+def test_sample_factory_greedy_returns_are_read_back_from_enjoys_running_means():
+    # what enjoy logs after each of 5 CartPole episodes (colour codes included): running means
+    means = ["500.000", "406.000", "359.667", "325.000", "293.600"]
+    log = "\n".join(f"\x1b[37m[2026-12-02 03:16:27,022][02015] Avg episode rewards: #0: {m}, true "
+                    f"rewards: #0: {m}\n[2026-12-02 03:16:27,022][02015] Avg episode reward: {m}, avg "
+                    f"true_objective: {m}\x1b[0m\n[2026-12-02 03:16:27,068][02015] Num frames 600..."
+                    for m in means)
+    assert _common.sf_enjoy_returns(log) == pytest.approx([500, 312, 267, 221, 168], abs=0.01)
+    assert _common.sf_enjoy_returns("[2026-12-02 03:16:27,022][1] start") == []
+    # its means are over the last 100 episodes: more cannot be read back, refused before a run
+    with pytest.raises(ValueError, match="at most 100 episodes"):
+        _common.sample_factory("sf_examples.train_gym_env", [], 1000, 0, eval_episodes=101)
