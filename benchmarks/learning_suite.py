@@ -15,9 +15,10 @@ settings (``Case.sb3_zoo``; 8 envs), on the same preprocessed env as asyncrl. Bo
 training return (mean of the last 100 episodes) against env steps and wall time from the
 constructor's call (start-up included), and end with a greedy evaluation (20 episodes unless
 ``Case.eval_episodes`` says otherwise) on the same episodes for both libraries:
-episode ``i`` is reset with seed ``EVAL_SEED + i``. ``--libs sf`` runs Sample Factory 2.1.1's example of an env where it has one (``Case.sf``; its
-venv from ``../shared/bench/sample_factory/install.sh``), 2 workers x 8 envs, for the same env
-steps (``run_sf``). Runs are stored one file each under
+episode ``i`` is reset with seed ``EVAL_SEED + i``. ``--libs sf`` runs Sample Factory 2.1.1's
+example of an env where it has one (``Case.sf``; its venv from
+``../shared/bench/sample_factory/install.sh``), 2 workers x 8 envs, for the same env steps
+(``run_sf``). Runs are stored one file each under
 ``benchmarks/results/learning_suite/`` (``<lib>_<env>_<steps>_<seed>.json``); SB3's are slow on
 2 cores and reused unless ``--rerun_sb3``. ``--report`` writes ``learning_suite.md`` (the docs'
 table: final greedy score, median and range over seeds, and the sampling policy's (a greedy
@@ -454,6 +455,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     libs = [x.strip() for x in args.libs.split(",") if x.strip()]
     if set(libs) - {"asyncrl", "sb3", "sf"}:
         p.error(f"--libs {args.libs!r}: of asyncrl, sb3 and sf")
+    if "sf" in libs and not args.report:
+        from _common import SF_PYTHON
+        if not os.path.exists(SF_PYTHON):
+            p.error(f"--libs sf: {SF_PYTHON} not found; run ../shared/bench/sample_factory/install.sh "
+                    "(or set SF_VENV to its venv)")
+        without = [n for n in names if not CASES[n].sf]
+        if without:
+            print(f"sf: Sample Factory has no example of {', '.join(without)} here; not run there",
+                  flush=True)
     seeds = [int(s) for s in args.seeds.split(",")]
     if not args.report:
         try:
