@@ -7,7 +7,6 @@ import multiprocessing as mp
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import textwrap
@@ -63,19 +62,46 @@ print(json.dumps([(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] if t
 """
 
 
-def _run_group(cmd: List[str], log_path: str, env: Dict[str, str] = None) -> int:
-    """Run ``cmd`` in a session of its own, its output to ``log_path``; the whole session is
-    killed afterwards (SF's workers outlive their parent), also when this process is interrupted."""
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (Sample Factory's, with its process groups in
+    it), again while any is left (one may have forked meanwhile)."""
+    for _ in range(20):
+        left = []
+        for p in psutil.process_iter():
+            try:
+                if os.getsid(p.pid) == sid:
+                    p.kill()
+                    left.append(p)
+            except (psutil.Error, OSError):
+                pass
+        if not left:
+            return
+        psutil.wait_procs(left, timeout=1.0)
+
+
+def end_sf_session(sid: int, shm_before: set) -> None:
+    """Kill Sample Factory's session ``sid`` and unlink the multiprocessing semaphores that
+    appeared in /dev/shm since ``shm_before`` (a killed SF never unlinks its own)."""
+    kill_session(sid)
+    for name in set(os.listdir("/dev/shm")) - shm_before:
+        if name.startswith("sem.mp-"):
+            try:
+                os.remove(os.path.join("/dev/shm", name))
+            except FileNotFoundError:
+                pass
+
+
+def _run_session(cmd: List[str], log_path: str, env: Dict[str, str] = None) -> int:
+    """Run ``cmd`` in a session of its own, its output to ``log_path``; the whole session ends
+    with it (SF's workers outlive their parent), also when this process is interrupted."""
+    shm_before = set(os.listdir("/dev/shm"))
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=None if env is None else {**os.environ, **env})
         try:
             return proc.wait()
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            end_sf_session(proc.pid, shm_before)
 
 
 def sf_enjoy_returns(log: str) -> List[float]:
@@ -106,7 +132,7 @@ def sample_factory(module: str, flags: List[str], frames: int, seed: int,
         common = ["--experiment=run", f"--train_dir={train_dir}", "--device=cpu", f"--seed={seed}",
                   *flags]
         t0, start = time.perf_counter(), time.time()  # summaries carry epoch times
-        code = _run_group([SF_PYTHON, "-m", module, "--restart_behavior=overwrite",
+        code = _run_session([SF_PYTHON, "-m", module, "--restart_behavior=overwrite",
                            f"--train_for_env_steps={frames}", *common], os.path.join(train_dir, "log"))
         seconds = time.perf_counter() - t0
         out = subprocess.run([SF_PYTHON, "-c", SF_READ_TB, os.path.join(train_dir, "run", ".summary", "0")],
@@ -121,7 +147,7 @@ def sample_factory(module: str, flags: List[str], frames: int, seed: int,
         if eval_episodes:
             enjoy = module.replace(".train_", ".enjoy_")
             log_path = os.path.join(train_dir, "enjoy.log")
-            _run_group([SF_PYTHON, "-m", enjoy, "--no_render", "--eval_deterministic=True",
+            _run_session([SF_PYTHON, "-m", enjoy, "--no_render", "--eval_deterministic=True",
                         f"--max_num_episodes={eval_episodes}", *common], log_path,
                        # its checkpoints hold NumPy scalars, which torch >= 2.6 refuses to load
                        # by default; they are the files this run just wrote

@@ -47,7 +47,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import suite_envs as se  # noqa: E402
-from _common import parse_variant  # noqa: E402
+from _common import SF_PYTHON, parse_variant, sample_factory  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "learning_suite")
 EVAL_SEED = 10_000  # episode i of every greedy evaluation resets with seed EVAL_SEED + i
@@ -280,7 +280,6 @@ def run_sf(name: str, seed: int) -> dict:
     the window recorded is a lower bound, the episodes that must have ended by then (env steps
     over the time limit, less the 16 lanes' episodes under way)."""
     import gymnasium as gym
-    from _common import sample_factory
     case = CASES[name]
     module, flags = case.sf
     ran = sample_factory(module, [*flags, "--num_workers=2", "--num_envs_per_worker=8"],
@@ -456,7 +455,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     if set(libs) - {"asyncrl", "sb3", "sf"}:
         p.error(f"--libs {args.libs!r}: of asyncrl, sb3 and sf")
     if "sf" in libs and not args.report:
-        from _common import SF_PYTHON
         if not os.path.exists(SF_PYTHON):
             p.error(f"--libs sf: {SF_PYTHON} not found; run ../shared/bench/sample_factory/install.sh "
                     "(or set SF_VENV to its venv)")

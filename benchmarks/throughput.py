@@ -43,9 +43,8 @@ import sys
 import tempfile
 import time
 
-import psutil
 import torch
-from _common import parse_variant, pyplot, raw_env_rate, steady_fps
+from _common import end_sf_session, parse_variant, pyplot, raw_env_rate, steady_fps
 
 from asyncrl import APPO
 from asyncrl.buffers import SharedControl, buffer_spec
@@ -179,30 +178,10 @@ def sample_factory_fps(example: str, seconds: float, warmup: float, flags: tuple
         with open(os.path.join(log_dir.group(1), "log"), errors="replace") as f:
             log = f.read()
     finally:  # also when stopped early (Ctrl-C, SIGTERM): run.sh and SF's own process group go
-        kill_session(proc.pid)
+        # (run.sh SIGKILLs SF's process group, so its multiprocessing semaphores are never unlinked)
+        end_sf_session(proc.pid, shm_before)
         shutil.rmtree(scratch, ignore_errors=True)
-        # run.sh SIGKILLs SF's process group, so its multiprocessing semaphores are never unlinked
-        for name in set(os.listdir("/dev/shm")) - shm_before:
-            if name.startswith("sem.mp-"):
-                os.remove(os.path.join("/dev/shm", name))
     return steady_rate_from_log(log, seconds, warmup)
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL every process of session ``sid`` (run.sh's, with SF's process groups in it),
-    again while any is left (one may have forked meanwhile)."""
-    for _ in range(20):
-        left = []
-        for p in psutil.process_iter():
-            try:
-                if os.getsid(p.pid) == sid:
-                    p.kill()
-                    left.append(p)
-            except (psutil.Error, OSError):
-                pass
-        if not left:
-            return
-        psutil.wait_procs(left, timeout=1.0)
 
 
 def steady_rate_from_log(log: str, seconds: float, warmup: float) -> float:
