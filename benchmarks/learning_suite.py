@@ -24,7 +24,9 @@ example of an env where it has one (``Case.sf``; its venv from
 table: final greedy score, median and range over seeds, and the sampling policy's (a greedy
 policy can loop where the sampled one does not); env steps and wall time to the target,
 median over the seeds that reached it, and how many did; asyncrl's median wall time to the
-target over SB3's) and ``learning_suite.png`` (curves against env steps and wall time).
+target over SB3's; the issue's criterion: asyncrl's median wall time to SB3's final training
+return, the median of SB3's seeds, over SB3's median wall time, at most 1/3 asked) and
+``learning_suite.png`` (curves against env steps and wall time).
 
 The target of an env is the score that counts as solved where one is known (Gymnasium's
 ``reward_threshold`` or the literature), else stated in ``CASES``; it is judged on the training
@@ -347,6 +349,28 @@ def time_to_target(run: dict, target: float) -> Optional[tuple]:
     return None
 
 
+def final_return(run: dict) -> Optional[float]:
+    """The training return at the end of a run (its last reading over a window of episodes)."""
+    rets = [ret for _, _, ret, *_ in run["curve"] if ret == ret]
+    return rets[-1] if rets else None
+
+
+def against_sb3(mine: List[dict], sb3: List[dict]) -> str:
+    """The issue's criterion: wall time to SB3's final score (the median over SB3's seeds of its
+    training return at the end) as a fraction of SB3's wall time (the median of its runs), with
+    how many of ``mine`` reached it. A run that never reached it counts as slower than any that
+    did, so the median is "never" where half or more did not."""
+    finals = [f for f in (final_return(r) for r in sb3) if f is not None]
+    if not mine or not finals:
+        return "-"
+    score = statistics.median(finals)
+    times = sorted(h[1] if h else float("inf") for h in (time_to_target(r, score) for r in mine))
+    reached = sum(t < float("inf") for t in times)
+    med = statistics.median(times)
+    frac = "never" if med == float("inf") else f"{med / statistics.median(r['wall'] for r in sb3):.2f}"
+    return f"{frac} ({reached}/{len(mine)} reach {score:.3g})"
+
+
 def spread(values: List[float], fmt: str) -> str:
     if not values:
         return "-"
@@ -359,10 +383,12 @@ def spread(values: List[float], fmt: str) -> str:
 def summarise(runs: List[dict], libs: List[str]) -> str:
     """The docs' table: per env and library, the greedy and sampled scores (median, range), env
     steps and wall time to the target (median over the seeds that reached it, how many did), steady
-    training rate."""
+    training rate; and the issue's criterion, the wall time to SB3's final training return over
+    SB3's wall time (``against_sb3``)."""
     rows = ["| env | steps | target | library | seeds | greedy score, median (range) | sampled score | "
-            "reached target | env steps to target | wall time to target | / SB3's | env steps/s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "reached target | env steps to target | wall time to target | / SB3's | "
+            "to SB3's final return, / SB3's wall time | env steps/s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def hits_of(name: str, lib: str) -> List[tuple]:
         return [h for h in (time_to_target(r, CASES[name].target)
@@ -370,6 +396,7 @@ def summarise(runs: List[dict], libs: List[str]) -> str:
 
     for name, case in CASES.items():
         sb3_hits = hits_of(name, "sb3")
+        sb3_runs = [r for r in runs if r["env"] == name and r["label"] == "sb3"]
         for lib in libs:
             mine = [r for r in runs if r["env"] == name and r["label"] == lib]
             if not mine:
@@ -384,7 +411,8 @@ def summarise(runs: List[dict], libs: List[str]) -> str:
                 f"{spread([r['sampled_mean'] for r in mine if 'sampled_mean' in r], '{:.3g}')} | "
                 f"{len(hits)}/{len(mine)} | "
                 f"{spread([h[0] / 1e3 for h in hits], '{:.0f}k')} | "
-                f"{spread([h[1] for h in hits], '{:.0f} s')} | {ratio} | {spread(rate, '{:,.0f}')} |")
+                f"{spread([h[1] for h in hits], '{:.0f} s')} | {ratio} | "
+                f"{against_sb3(mine, sb3_runs) if lib != 'sb3' else '-'} | {spread(rate, '{:,.0f}')} |")
     return "\n".join(rows)
 
 
