@@ -364,7 +364,7 @@ def against_sb3(mine: List[dict], sb3: List[dict]) -> str:
     if not mine or not finals:
         return "-"
     score = statistics.median(finals)
-    times = sorted(h[1] if h else float("inf") for h in (time_to_target(r, score) for r in mine))
+    times = [h[1] if h else float("inf") for h in (time_to_target(r, score) for r in mine)]
     reached = sum(t < float("inf") for t in times)
     med = statistics.median(times)
     frac = "never" if med == float("inf") else f"{med / statistics.median(r['wall'] for r in sb3):.2f}"
@@ -390,18 +390,18 @@ def summarise(runs: List[dict], libs: List[str]) -> str:
             "to SB3's final return, / SB3's wall time | env steps/s |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
-    def hits_of(name: str, lib: str) -> List[tuple]:
-        return [h for h in (time_to_target(r, CASES[name].target)
-                            for r in runs if r["env"] == name and r["label"] == lib) if h]
+    def hits_of(of: List[dict], target: float) -> List[tuple]:
+        return [h for h in (time_to_target(r, target) for r in of) if h]
 
     for name, case in CASES.items():
-        sb3_hits = hits_of(name, "sb3")
-        sb3_runs = [r for r in runs if r["env"] == name and r["label"] == "sb3"]
+        of_env = [r for r in runs if r["env"] == name]
+        sb3_runs = [r for r in of_env if r["label"] == "sb3"]
+        sb3_hits = hits_of(sb3_runs, case.target)
         for lib in libs:
-            mine = [r for r in runs if r["env"] == name and r["label"] == lib]
+            mine = [r for r in of_env if r["label"] == lib]
             if not mine:
                 continue
-            hits = hits_of(name, lib)
+            hits = hits_of(mine, case.target)
             rate = [r["curve"][-1][0] / r["wall"] for r in mine if r["curve"]]
             ratio = (f"{statistics.median(h[1] for h in hits) / statistics.median(h[1] for h in sb3_hits):.2f}"
                      if hits and sb3_hits and lib != "sb3" else "-")
