@@ -87,6 +87,10 @@ class Config:
         "lag (decoupled PPO, Hilton et al. 2021; IMPACT, Luo et al. 2020): lagged samples keep "
         "their gradient. False: against the policy that sampled (Sample Factory's APPO), which "
         "clips away samples whose policy has drifted by more than clip_coef.")
+    dual_clip: Optional[float] = _f(
+        None, "Dual-clip PPO (Ye et al. 2020): a sample with a negative advantage adds at most "
+        "dual_clip x |advantage| to the policy loss, however far its ratio has grown (the "
+        "clipped surrogate bounds only the other side). None: off; else a number > 1.")
     vf_clip_coef: Optional[float] = _f(
         None, "Clip of the value change per update (None: unclipped value loss).")
     target_kl: Optional[float] = _f(
@@ -98,6 +102,10 @@ class Config:
     vf_coef: float = _f(0.5, "Value loss coefficient.")
     max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
     normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
+    advantage_std_floor: float = _f(
+        0.0, "Divide a minibatch's advantages by their std, but by no less than this fraction "
+        "of the value targets' running std (the normalize_returns statistics; of 1 without "
+        "them). 0: by the std alone.")
     reward_clip: Optional[float] = _f(
         None, "Clip rewards to [-reward_clip, reward_clip] in the learner (Atari: 1.0); logged "
         "episode returns stay raw. None: no clipping.")
@@ -286,7 +294,7 @@ class Config:
                      "worker_timeout"):
             check(is_num(getattr(self, name)) and getattr(self, name) > 0, name,
                   "must be a number > 0")
-        for name in ("ent_coef", "vf_coef"):
+        for name in ("ent_coef", "vf_coef", "advantage_std_floor"):
             check(is_num(getattr(self, name)) and getattr(self, name) >= 0, name,
                   "must be a number >= 0")
         for name in ("gamma", "vtrace_lambda"):
@@ -296,6 +304,8 @@ class Config:
               "reward_clip", "must be None or a number > 0")
         check(self.target_kl is None or (is_num(self.target_kl) and self.target_kl > 0),
               "target_kl", "must be None or a number > 0")
+        check(self.dual_clip is None or (is_num(self.dual_clip) and self.dual_clip > 1),
+              "dual_clip", "must be None or a number > 1")
         check(self.vf_clip_coef is None or (is_num(self.vf_clip_coef) and self.vf_clip_coef > 0),
               "vf_clip_coef", "must be None or a number > 0")
         check(isinstance(self.hidden_sizes, tuple) and len(self.hidden_sizes) >= 1
@@ -388,12 +398,14 @@ class ConfigKwargs(TypedDict, total=False):
     vtrace_pg_rho_clip: float
     clip_coef: Union[float, Schedule]
     decoupled_clip: bool
+    dual_clip: Optional[float]
     vf_clip_coef: Optional[float]
     target_kl: Optional[float]
     ent_coef: Union[float, Schedule]
     vf_coef: Union[float, Schedule]
     max_grad_norm: Union[float, Schedule]
     normalize_advantages: bool
+    advantage_std_floor: float
     reward_clip: Optional[float]
     bootstrap_truncation: bool
     max_policy_lag: int

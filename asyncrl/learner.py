@@ -713,6 +713,17 @@ class Learner:
         stats["stopped_early"] = stopped_early
         return stats
 
+    def _advantage_scale(self, std: torch.Tensor) -> torch.Tensor:
+        """The divisor of a minibatch's centred advantages: their std, but never below
+        ``cfg.advantage_std_floor`` x the value targets' running std (the return normaliser's;
+        1 without one)."""
+        floor = self.cfg.advantage_std_floor
+        if not floor:
+            return std + 1e-8
+        norm = self.model.value_norm
+        return torch.maximum(std + 1e-8, floor * norm.std() if norm is not None else
+                             torch.full_like(std, floor))
+
     def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
                         returns, weight, pg_weight, start_log_probs: torch.Tensor,
                         clip_coef: Optional[float], rec: dict,
@@ -727,11 +738,11 @@ class Learner:
         if cfg.normalize_advantages:
             if pg_weight is None:
                 if advantages.numel() > 1:
-                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                    advantages = (advantages - advantages.mean()) / self._advantage_scale(advantages.std())
             elif (n := pg_weight.sum()) > 1:
                 mean = masked_mean(advantages, pg_weight)
                 std = masked_mean((advantages - mean) ** 2, pg_weight).mul(n / (n - 1)).sqrt()
-                advantages = (advantages - mean) / (std + 1e-8)
+                advantages = (advantages - mean) / self._advantage_scale(std)
         if evaluated is None:
             new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)
         else:
@@ -744,7 +755,7 @@ class Learner:
         out = ppo_loss(new_log_probs, ratio_ref, advantages, new_values,
                        old_values, returns, entropy, clip_coef=clip_coef,
                        vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
-                       mask=weight, pg_mask=pg_weight)
+                       dual_clip=cfg.dual_clip, mask=weight, pg_mask=pg_weight)
         self.grads.zero()
         out.loss.backward()
         grad_norm = self.grads.clip(cfg.max_grad_norm)

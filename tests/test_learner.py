@@ -488,12 +488,12 @@ def test_flat_gradients_zero_and_clip_as_torch_does(max_norm):
     assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(grads.params, grads.views))
 
 
-def test_whole_batches_train_without_a_mask_and_normalised_advantages(monkeypatch):
-    """A batch of only valid samples trains on plain means (no mask), its minibatch's advantages
-    normalised to mean 0 and std 1."""
+def train_on_whole_batch(monkeypatch, **overrides):
+    """One update on a batch of only valid samples (two minibatches of 16): the stats and, per
+    minibatch, the advantages, mask and pg_mask the loss was given."""
     import asyncrl.learner as learner_module
     learner = make_masking_learner(num_epochs=1, batch_size=32, minibatch_size=16, rollout=8,
-                                   num_envs_per_worker=8, num_workers=1)
+                                   num_envs_per_worker=8, num_workers=1, **overrides)
     learner.version = 5
     batch = batch_with_restarted_samples()
     batch.policy_versions.fill_(5)
@@ -504,12 +504,40 @@ def test_whole_batches_train_without_a_mask_and_normalised_advantages(monkeypatc
         seen.append((args[2].detach().clone(), kwargs["mask"], kwargs["pg_mask"]))
         return real_loss(*args, **kwargs)
     monkeypatch.setattr(learner_module, "ppo_loss", spy)
-    stats = learner.train_on(batch)
+    return learner.train_on(batch), seen
+
+
+def test_whole_batches_train_without_a_mask_and_normalised_advantages(monkeypatch):
+    """A batch of only valid samples trains on plain means (no mask), its minibatch's advantages
+    normalised to mean 0 and std 1."""
+    stats, seen = train_on_whole_batch(monkeypatch)
     assert stats["masked_fraction"] == 0 and len(seen) == 2
     for advantages, mask, pg_mask in seen:
         assert mask is None and pg_mask is None
         assert advantages.mean().abs() < 1e-5 and advantages.std().item() == pytest.approx(1.0, abs=1e-4)
 
+
+@pytest.mark.parametrize("normalize_returns", [True, False])
+def test_advantage_std_floor_keeps_vanishing_advantages_small(normalize_returns, monkeypatch):
+    """Once a task is solved a minibatch's advantages are the value head's noise; divided by
+    their own std they become unit-sized steps. advantage_std_floor divides by no less than a
+    fraction of the value targets' running std (1 without return normalisation): advantages
+    well above it normalise as before, tiny ones stay tiny."""
+    learner = make_learner(advantage_std_floor=0.01, normalize_returns=normalize_returns)
+    sigma = 1.0
+    if normalize_returns:
+        learner.model.value_norm.update(torch.tensor([0.0, 40.0, 80.0]))  # std ~33
+        sigma = float(learner.model.value_norm.std())
+        assert sigma > 10
+    assert float(learner._advantage_scale(torch.tensor(1e-4))) == pytest.approx(0.01 * sigma)
+    assert float(learner._advantage_scale(torch.tensor(5.0 * sigma))) == pytest.approx(5.0 * sigma)
+    assert float(make_learner()._advantage_scale(torch.tensor(1e-4))) == pytest.approx(1e-4, rel=1e-3)
+
+    _, seen = train_on_whole_batch(monkeypatch, advantage_std_floor=1e9,
+                                   normalize_returns=normalize_returns)
+    assert len(seen) == 2
+    for advantages, _, _ in seen:  # a floor far above any advantage: centred, then scaled far below 1
+        assert advantages.mean().abs() < 1e-5 and 0 < advantages.std().item() < 1e-3
 
 
 def test_flat_gradients_keep_a_channels_last_kernels_layout_for_fused_adam():

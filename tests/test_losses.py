@@ -25,9 +25,10 @@ def make_inputs(ratio, advantages, seed=0):
     )
 
 
-def loss(inputs, clip_coef=0.2, vf_clip_coef=None, ent_coef=0.0, vf_coef=0.5, mask=None):
+def loss(inputs, clip_coef=0.2, vf_clip_coef=None, ent_coef=0.0, vf_coef=0.5, mask=None,
+         dual_clip=None):
     return ppo_loss(**inputs, clip_coef=clip_coef, vf_clip_coef=vf_clip_coef, ent_coef=ent_coef,
-                    vf_coef=vf_coef, mask=mask)
+                    vf_coef=vf_coef, mask=mask, dual_clip=dual_clip)
 
 
 def pg_grad(inputs, **kw):
@@ -63,6 +64,24 @@ def test_ratio_outside_clip_on_the_pessimistic_side_keeps_gradient(ratio, adv):
     out, grad = pg_grad(inputs)
     torch.testing.assert_close(out.pg_loss, torch.tensor(-adv * ratio))
     torch.testing.assert_close(grad, torch.full((N,), -adv * ratio / N))
+
+
+@pytest.mark.parametrize("ratio,adv,bounded", [(25.0, -1.0, True), (2.5, -1.0, False),
+                                               (25.0, 1.0, False), (0.5, 1.0, False)])
+def test_dual_clip_bounds_only_a_negative_advantage_far_past_the_clip(ratio, adv, bounded):
+    """Dual-clip PPO: a negative-advantage sample whose ratio grew past dual_clip (a rare action
+    the policy made likelier since it sampled) adds dual_clip x |A| and no gradient; below it,
+    and for positive advantages, the clipped surrogate is unchanged."""
+    inputs = make_inputs(ratio, adv)
+    plain, plain_grad = pg_grad(inputs)
+    out, grad = pg_grad(inputs, dual_clip=3.0)
+    if bounded:
+        torch.testing.assert_close(out.pg_loss, torch.tensor(3.0 * -adv))
+        assert torch.all(grad == 0.0)
+        assert plain.pg_loss > out.pg_loss and torch.all(plain_grad != 0.0)
+    else:
+        torch.testing.assert_close(out.pg_loss, plain.pg_loss)
+        torch.testing.assert_close(grad, plain_grad)
 
 
 def test_no_clip_coef_is_impala_policy_gradient():
