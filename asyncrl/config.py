@@ -103,9 +103,13 @@ class Config:
     max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
     normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
     advantage_std_floor: float = _f(
-        0.0, "Divide a minibatch's advantages by their std, but by no less than this fraction "
+        0.01, "Divide a minibatch's advantages by their std, but by no less than this fraction "
         "of the value targets' running std (the normalize_returns statistics; of 1 without "
-        "them). 0: by the std alone.")
+        "them). Once a task is solved the advantages are the value head's noise (std ~1e-4 "
+        "where they were ~0.1), which their own std would scale back to unit-sized steps that "
+        "drive a near-deterministic policy until it collapses (MiniGrid LavaGapS5, "
+        "docs/benchmarks/learning-suite.md). 0: by the std alone (SB3's, CleanRL's); the Atari "
+        "and VizDoom presets keep 0 (not measured there).")
     reward_clip: Optional[float] = _f(
         None, "Clip rewards to [-reward_clip, reward_clip] in the learner (Atari: 1.0); logged "
         "episode returns stay raw. None: no clipping.")
@@ -445,7 +449,8 @@ def valid_device(device: str) -> bool:
 # +18 was measured (docs/guides/atari.md).
 ATARI_DEFAULTS = dict(rollout=128, learning_rate=2.5e-4, gamma=0.99, vtrace_lambda=0.95,
                       clip_coef=0.1, ent_coef=0.01, minibatch_size=256, num_epochs=4,
-                      reward_clip=1.0, learner_threads=2, normalize_returns=False, target_kl=None)
+                      reward_clip=1.0, learner_threads=2, normalize_returns=False, target_kl=None,
+                      advantage_std_floor=0.0)
 ATARI_BATCH_SIZE = 1024  # rounded to a multiple of the slot size
 # ... and with no GPU to learn on: synchronous (as Sample Factory's Atari preset, async_rl=False).
 # The CNN's backward pass is then the bottleneck, and it runs fastest with the cores to itself:
@@ -483,7 +488,7 @@ DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs
                      clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,
                      cnn="doom", use_rnn=True, rnn_type="gru", rnn_size=512,
                      normalize_returns=True, target_kl=None, policy_head_gain=1.0,
-                     learner_threads=2)
+                     learner_threads=2, advantage_std_floor=0.0)
 # ... and with no GPU to learn on, sampling yields to the learner (niceness 19 for the rollout and
 # policy workers and the games they start). The learner's two threads are the bottleneck; at equal
 # priority the sampling processes preempt one of them while the other waits for it, so the
