@@ -352,6 +352,10 @@ class Config:
                 f"trajectories of rollout={self.rollout} steps, so it must be a multiple of "
                 f"rollout; try minibatch_size={fit}" + ("" if self.batch_size % fit == 0 else
                                                         " with a batch_size that it divides"))
+        if self.algo == "impala" and self.dual_clip is not None:
+            errs.append(f"dual_clip={self.dual_clip}: algo='impala' has no clipped surrogate to "
+                        "bound (its policy gradient is -A log pi); leave dual_clip=None or use "
+                        "algo='appo'")
         if self.algo == "impala" and self.num_epochs != 1:
             errs.append(f"num_epochs={self.num_epochs}: algo='impala' trains one epoch per batch; "
                         "use num_epochs=1 or algo='appo'")

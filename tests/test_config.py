@@ -114,6 +114,13 @@ def test_impala_with_explicit_epochs_is_error():
         make(algo="impala", num_epochs=4)
 
 
+def test_dual_clip_is_an_error_without_a_clipped_surrogate():
+    with pytest.raises(ConfigError, match=r"dual_clip=3.0: algo='impala' has no clipped surrogate"):
+        Config.from_kwargs({"algo": "impala", "dual_clip": 3.0})
+    with pytest.raises(ConfigError, match=r"dual_clip=0.5: must be None or a number > 1"):
+        Config.from_kwargs({"dual_clip": 0.5})
+
+
 def test_impala_defaults_to_one_epoch():
     assert make(algo="impala", **SMALL).config.num_epochs == 1
 
