@@ -717,12 +717,10 @@ class Learner:
         """The divisor of a minibatch's centred advantages: their std, but never below
         ``cfg.advantage_std_floor`` x the value targets' running std (the return normaliser's;
         1 without one)."""
-        floor = self.cfg.advantage_std_floor
+        scale, floor, norm = std + 1e-8, self.cfg.advantage_std_floor, self.model.value_norm
         if not floor:
-            return std + 1e-8
-        norm = self.model.value_norm
-        return torch.maximum(std + 1e-8, floor * norm.std() if norm is not None else
-                             torch.full_like(std, floor))
+            return scale
+        return torch.maximum(scale, floor * norm.std()) if norm is not None else scale.clamp(min=floor)
 
     def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
                         returns, weight, pg_weight, start_log_probs: torch.Tensor,
