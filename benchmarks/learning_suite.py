@@ -324,15 +324,16 @@ def save_run(run: dict) -> None:
         json.dump(run, f, default=str)
 
 
-def load_runs(libs: List[str]) -> List[dict]:
-    """Stored runs of ``libs`` (labels: asyncrl, sb3, asyncrl-TAG) at the budgets of CASES."""
+def load_runs(libs: List[str], any_budget: bool = False) -> List[dict]:
+    """Stored runs of ``libs`` (labels: asyncrl, sb3, asyncrl-TAG) at the budgets of CASES (at
+    every budget with ``any_budget``)."""
     runs = []
     for fn in sorted(os.listdir(RESULTS)) if os.path.isdir(RESULTS) else []:
         lib = fn.split("_", 1)[0]
         if lib in libs and fn.endswith(".json"):
             with open(os.path.join(RESULTS, fn)) as f:
                 run = json.load(f)
-            if run["env"] in CASES and run["steps"] == CASES[run["env"]].steps:
+            if run["env"] in CASES and (any_budget or run["steps"] == CASES[run["env"]].steps):
                 runs.append(dict(run, label=lib))
     return runs
 
@@ -371,13 +372,20 @@ def against_sb3(mine: List[dict], sb3: List[dict]) -> str:
     return f"{frac} ({reached}/{len(mine)} reach {score:.3g})"
 
 
-def spread(values: List[float], fmt: str) -> str:
+def spread(values: List[float], fmt) -> str:
+    """The median and range of ``values``, each written by ``fmt`` (a format string or a function)."""
     if not values:
         return "-"
+    put = fmt if callable(fmt) else fmt.format
     med = statistics.median(values)
     if len(values) == 1:
-        return fmt.format(med)
-    return f"{fmt.format(med)} ({fmt.format(min(values))} to {fmt.format(max(values))})"
+        return put(med)
+    return f"{put(med)} ({put(min(values))} to {put(max(values))})"
+
+
+def score(v: float) -> str:
+    """A score as a reader wants it: 4,360 rather than 4.36e+03; three significant digits below 1,000."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
 def summarise(runs: List[dict], libs: List[str]) -> str:
@@ -413,6 +421,53 @@ def summarise(runs: List[dict], libs: List[str]) -> str:
                 f"{spread([h[0] / 1e3 for h in hits], '{:.0f}k')} | "
                 f"{spread([h[1] for h in hits], '{:.0f} s')} | {ratio} | "
                 f"{against_sb3(mine, sb3_runs) if lib != 'sb3' else '-'} | {spread(rate, '{:,.0f}')} |")
+    return "\n".join(rows)
+
+
+FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", "minigrid": "MiniGrid",
+            "nasim": "NASim (network penetration testing)", "toy_text": "Toy text",
+            "memory": "popgym memory tasks (GRU)", "multiagent": "Multi-agent", "atari": "Atari",
+            "heldout": "Held out (added after the defaults were set)", "doom": "VizDoom"}
+
+
+def readme_table(runs: List[dict]) -> str:
+    """The README's table, per family: one row per env and budget with stored asyncrl runs, its
+    greedy score beside SB3's (median and range over seeds), the env steps and wall time to the
+    target, and the issue's criterion (``against_sb3``). Every stored budget of an env is a row
+    (the quick and the full one), so ``runs`` here are not filtered by ``CASES``' budgets."""
+    rows = []
+    for family, title in FAMILIES.items():
+        keys = sorted({(r["env"], r["steps"]) for r in runs if r["label"] == "asyncrl"
+                       and r["env"] in CASES and CASES[r["env"]].family == family},
+                      key=lambda k: (list(CASES).index(k[0]), k[1]))
+        if not keys:
+            continue
+        rows += [f"\n**{title}**\n",
+                 "| env (budget) | target | asyncrl greedy, median (range) | SB3 greedy | "
+                 "asyncrl to target: env steps, wall time | SB3 to target | to SB3's final return, / SB3's wall time |",
+                 "|---|---|---|---|---|---|---|"]
+        for env, steps in keys:
+            target = CASES[env].target
+            of = [r for r in runs if r["env"] == env and r["steps"] == steps]
+            mine = [r for r in of if r["label"] == "asyncrl"]
+            sb3 = [r for r in of if r["label"] == "sb3"]
+            no_sb3 = "not run at this budget" if CASES[env].sb3 else "SB3 cannot run it"
+
+            def reached(rs: List[dict]) -> str:
+                if not rs:
+                    return "-"
+                hits = [h for h in (time_to_target(r, target) for r in rs) if h]
+                if not hits:
+                    return f"0/{len(rs)}"
+                return (f"{len(hits)}/{len(rs)}: {spread([h[0] / 1e3 for h in hits], '{:.0f}k')}, "
+                        f"{spread([h[1] for h in hits], '{:.0f} s')}")
+
+            def greedy(rs: List[dict]) -> str:
+                return f"{spread([r['greedy_mean'] for r in rs], score)} ({len(rs)} seeds)"
+
+            rows.append(f"| {env} ({steps / 1e3:,.0f}k) | {target:g} | {greedy(mine)} | "
+                        f"{greedy(sb3) if sb3 else no_sb3} | {reached(mine)} | {reached(sb3)} | "
+                        f"{against_sb3(mine, sb3)} |")
     return "\n".join(rows)
 
 
@@ -469,7 +524,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--tag", default="", help="name of a --variant's runs (asyncrl-TAG)")
     p.add_argument("--report", action="store_true", help="only write the table and plot from stored runs")
     p.add_argument("--compare", default="", help="extra labels to report, e.g. asyncrl-lr3e4")
+    p.add_argument("--readme", action="store_true", help="only print the README's table, per family, "
+                   "from every stored run of asyncrl and SB3 (every budget)")
     args = p.parse_args(argv)
+    if args.readme:
+        print(readme_table(load_runs(["asyncrl", "sb3"], any_budget=True)))
+        return
     for case in CASES.values():
         case.steps = int((case.quick if args.quick and case.quick else case.steps) * args.steps_scale)
     names = [n.strip() for n in args.envs.split(",") if n.strip()] or (

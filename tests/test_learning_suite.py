@@ -30,3 +30,31 @@ def test_time_to_sb3s_final_return_is_over_sb3s_median_wall_time_and_counts_miss
     assert learning_suite.against_sb3(mine[1:] + [mine[2]], sb3) == "never (1/3 reach 2)"
     # nothing to compare against
     assert learning_suite.against_sb3(mine, []) == "-"
+
+
+def test_readme_table_rows_per_family_and_budget_with_sb3_beside():
+    def stored(label, env, steps, greedy, points, wall):
+        return dict(run(points, wall), label=label, env=env, steps=steps, greedy_mean=greedy)
+
+    runs = [stored("asyncrl", "cartpole", 100_000, 500.0, [(5, 480.0, FULL)], 6),
+            stored("asyncrl", "cartpole", 100_000, 498.0, [(7, 470.0, FULL), (9, 490.0, FULL)], 10),
+            stored("asyncrl", "cartpole", 200_000, 500.0, [(4, 500.0, FULL)], 12),
+            stored("sb3", "cartpole", 100_000, 500.0, [(40, 476.0, FULL), (50, 480.0, FULL)], 60),
+            stored("asyncrl", "simple-spread", 1_000_000, -19.5, [(30, -19.0, FULL)], 60),
+            stored("asyncrl-x", "hopper", 1_000_000, 3000.0, [(30, 2000.0, FULL)], 60)]
+    table = learning_suite.readme_table(runs)
+    lines = table.splitlines()
+    # one heading per family that has asyncrl runs; a tagged variant's runs are not the defaults'
+    assert "**Classic control**" in lines and "**Multi-agent**" in lines and "**MuJoCo**" not in lines
+    quick = next(line for line in lines if line.startswith("| cartpole (100k) |"))
+    # greedy median of 498 and 500; both seeds past 475 (at 1k and 2k env steps, 5 s and 9 s);
+    # (median 1.5k, written 2k); SB3's one run past 475 at 1k env steps, 40 s; SB3's final 480
+    # reached at 5 s and 9 s: 7 s / 60 s
+    assert quick == ("| cartpole (100k) | 475 | 499 (498 to 500) (2 seeds) | 500 (1 seeds) | "
+                     "2/2: 2k (1k to 2k), 7 s (5 s to 9 s) | 1/1: 1k, 40 s | 0.12 (2/2 reach 480) |")
+    # the full budget is a row of its own; no SB3 run there
+    assert "| cartpole (200k) | 475 | 500 (1 seeds) | not run at this budget | 1/1: 1k, 4 s | - | - |" in lines
+    # an env SB3 cannot take as it comes says so
+    assert any(line.startswith("| simple-spread (1,000k) |") and "SB3 cannot run it" in line for line in lines)
+    # scores of four digits are written out, not in e-notation
+    assert learning_suite.score(4363.2) == "4,363" and learning_suite.score(-0.0634) == "-0.0634"
