@@ -436,7 +436,9 @@ def readme_table(runs: List[dict]) -> str:
     target, and the issue's criterion (``against_sb3``). Every stored budget of an env is a row
     (the quick and the full one), so ``runs`` here are not filtered by ``CASES``' budgets."""
     rows = []
-    for family, title in FAMILIES.items():
+    families = list(dict.fromkeys([*FAMILIES, *(c.family for c in CASES.values())]))
+    for family in families:
+        title = FAMILIES.get(family, family)
         keys = sorted({(r["env"], r["steps"]) for r in runs if r["label"] == "asyncrl"
                        and r["env"] in CASES and CASES[r["env"]].family == family},
                       key=lambda k: (list(CASES).index(k[0]), k[1]))
@@ -463,7 +465,7 @@ def readme_table(runs: List[dict]) -> str:
                         f"{spread([h[1] for h in hits], '{:.0f} s')}")
 
             def greedy(rs: List[dict]) -> str:
-                return f"{spread([r['greedy_mean'] for r in rs], score)} ({len(rs)} seeds)"
+                return f"{spread([r['greedy_mean'] for r in rs], score)} ({len(rs)} seed{'s' * (len(rs) > 1)})"
 
             rows.append(f"| {env} ({steps / 1e3:,.0f}k) | {target:g} | {greedy(mine)} | "
                         f"{greedy(sb3) if sb3 else no_sb3} | {reached(mine)} | {reached(sb3)} | "

@@ -1,5 +1,6 @@
 """benchmarks/learning_suite.py's report: the issue's criterion read from stored runs (no training)."""
 import os
+import pathlib
 import sys
 
 import pytest
@@ -50,11 +51,21 @@ def test_readme_table_rows_per_family_and_budget_with_sb3_beside():
     # greedy median of 498 and 500; both seeds past 475 (at 1k and 2k env steps, 5 s and 9 s);
     # (median 1.5k, written 2k); SB3's one run past 475 at 1k env steps, 40 s; SB3's final 480
     # reached at 5 s and 9 s: 7 s / 60 s
-    assert quick == ("| cartpole (100k) | 475 | 499 (498 to 500) (2 seeds) | 500 (1 seeds) | "
+    assert quick == ("| cartpole (100k) | 475 | 499 (498 to 500) (2 seeds) | 500 (1 seed) | "
                      "2/2: 2k (1k to 2k), 7 s (5 s to 9 s) | 1/1: 1k, 40 s | 0.12 (2/2 reach 480) |")
     # the full budget is a row of its own; no SB3 run there
-    assert "| cartpole (200k) | 475 | 500 (1 seeds) | not run at this budget | 1/1: 1k, 4 s | - | - |" in lines
+    assert "| cartpole (200k) | 475 | 500 (1 seed) | not run at this budget | 1/1: 1k, 4 s | - | - |" in lines
     # an env SB3 cannot take as it comes says so
     assert any(line.startswith("| simple-spread (1,000k) |") and "SB3 cannot run it" in line for line in lines)
     # scores of four digits are written out, not in e-notation
     assert learning_suite.score(4363.2) == "4,363" and learning_suite.score(-0.0634) == "-0.0634"
+
+
+def test_readmes_table_is_the_one_the_stored_runs_make():
+    """README.md's learning table is `learning_suite.py --readme`'s output from the stored runs:
+    rerunning or promoting runs without regenerating it fails here."""
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    start, end = readme.index("**Classic control**"), readme.index("\n\nRows of earlier code")
+    made = learning_suite.readme_table(learning_suite.load_runs(["asyncrl", "sb3"], any_budget=True))
+    assert readme[start:end].strip() == made.strip(), (
+        "README.md's table differs from the stored runs': paste `python benchmarks/learning_suite.py --readme`")
