@@ -350,6 +350,11 @@ def time_to_target(run: dict, target: float) -> Optional[tuple]:
     return None
 
 
+def hits_of(runs: List[dict], target: float) -> List[tuple]:
+    """(env steps, seconds) to ``target`` of each of ``runs`` that reached it."""
+    return [h for h in (time_to_target(r, target) for r in runs) if h]
+
+
 def final_return(run: dict) -> Optional[float]:
     """The training return at the end of a run (its last reading over a window of episodes)."""
     rets = [ret for _, _, ret, *_ in run["curve"] if ret == ret]
@@ -398,9 +403,6 @@ def summarise(runs: List[dict], libs: List[str]) -> str:
             "to SB3's final return, / SB3's wall time | env steps/s |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
-    def hits_of(of: List[dict], target: float) -> List[tuple]:
-        return [h for h in (time_to_target(r, target) for r in of) if h]
-
     for name, case in CASES.items():
         of_env = [r for r in runs if r["env"] == name]
         sb3_runs = [r for r in of_env if r["label"] == "sb3"]
@@ -440,7 +442,7 @@ def readme_table(runs: List[dict]) -> str:
     for family in families:
         title = FAMILIES.get(family, family)
         keys = sorted({(r["env"], r["steps"]) for r in runs if r["label"] == "asyncrl"
-                       and r["env"] in CASES and CASES[r["env"]].family == family},
+                       and CASES[r["env"]].family == family},
                       key=lambda k: (list(CASES).index(k[0]), k[1]))
         if not keys:
             continue
@@ -458,7 +460,7 @@ def readme_table(runs: List[dict]) -> str:
             def reached(rs: List[dict]) -> str:
                 if not rs:
                     return "-"
-                hits = [h for h in (time_to_target(r, target) for r in rs) if h]
+                hits = hits_of(rs, target)
                 if not hits:
                     return f"0/{len(rs)}"
                 return (f"{len(hits)}/{len(rs)}: {spread([h[0] / 1e3 for h in hits], '{:.0f}k')}, "

@@ -61,11 +61,13 @@ def test_readme_table_rows_per_family_and_budget_with_sb3_beside():
     assert learning_suite.score(4363.2) == "4,363" and learning_suite.score(-0.0634) == "-0.0634"
 
 
-def test_readmes_table_is_the_one_the_stored_runs_make():
-    """README.md's learning table is `learning_suite.py --readme`'s output from the stored runs:
-    rerunning or promoting runs without regenerating it fails here."""
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-    start, end = readme.index("**Classic control**"), readme.index("\n\nRows of earlier code")
+@pytest.mark.parametrize("page, after", [("README.md", "Rows of earlier code"),
+                                         ("docs/benchmarks/learning-suite.md", "What the reruns changed")])
+def test_readmes_table_is_the_one_the_stored_runs_make(page, after):
+    """README.md's learning table (and its copy on the docs site) is `learning_suite.py --readme`'s
+    output from the stored runs: rerunning or promoting runs without regenerating it fails here."""
+    text = (pathlib.Path(__file__).parent.parent / page).read_text()
+    start, end = text.index("**Classic control**"), text.index("\n\n" + after)
     made = learning_suite.readme_table(learning_suite.load_runs(["asyncrl", "sb3"], any_budget=True))
-    assert readme[start:end].strip() == made.strip(), (
-        "README.md's table differs from the stored runs': paste `python benchmarks/learning_suite.py --readme`")
+    assert text[start:end].strip() == made.strip(), (
+        f"{page}'s table differs from the stored runs': paste `python benchmarks/learning_suite.py --readme`")
