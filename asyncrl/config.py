@@ -293,12 +293,14 @@ class Config:
               f"must be {DEVICES_HINT}")
         check(self.seed is None or is_int(self.seed), "seed", "must be an integer or None")
         check(is_int(self.verbose) and self.verbose in (0, 1, 2), "verbose", "must be 0, 1 or 2")
-        for name in ("learning_rate", "adam_eps", "vtrace_rho_clip", "vtrace_c_clip",
-                     "vtrace_pg_rho_clip", "clip_coef", "max_grad_norm", "log_interval",
+        for name in ("adam_eps", "vtrace_rho_clip", "vtrace_c_clip",
+                     "vtrace_pg_rho_clip", "max_grad_norm", "log_interval",
                      "worker_timeout"):
             check(is_num(getattr(self, name)) and getattr(self, name) > 0, name,
                   "must be a number > 0")
-        for name in ("ent_coef", "vf_coef", "advantage_std_floor"):
+        # learning_rate and clip_coef may be 0: a schedule falling linearly to 0 (SB3's and RL
+        # Zoo's lin_) is 0 at the end of the run, and a learning rate of 0 freezes a policy.
+        for name in ("learning_rate", "clip_coef", "ent_coef", "vf_coef", "advantage_std_floor"):
             check(is_num(getattr(self, name)) and getattr(self, name) >= 0, name,
                   "must be a number >= 0")
         for name in ("gamma", "vtrace_lambda"):

@@ -177,6 +177,20 @@ def parse_variant(text: str) -> dict:
     return out
 
 
+def with_schedules(overrides: dict) -> dict:
+    """RL Zoo's schedule strings among --variant values as schedules: "lin_X" is X falling linearly
+    to 0 over each train() call (a function of SB3's progress_remaining)."""
+    out = dict(overrides)
+    for name, value in overrides.items():
+        if isinstance(value, str) and value.startswith("lin_"):
+            try:
+                start = float(value[4:])
+            except ValueError:
+                raise ValueError(f"--variant {name}={value}: lin_ needs a number, e.g. lin_3e-4") from None
+            out[name] = lambda progress_remaining, start=start: start * progress_remaining
+    return out
+
+
 def tree_memory() -> dict:
     """Memory of this process and all its descendants, in bytes: PSS (shared pages divided among
     the processes that map them: the sum is what the tree costs) and RSS (each process whole)."""

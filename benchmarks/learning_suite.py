@@ -49,7 +49,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import suite_envs as se  # noqa: E402
-from _common import SF_PYTHON, parse_variant, sample_factory  # noqa: E402
+from _common import SF_PYTHON, parse_variant, sample_factory, with_schedules  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "learning_suite")
 EVAL_SEED = 10_000  # episode i of every greedy evaluation resets with seed EVAL_SEED + i
@@ -208,7 +208,7 @@ def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
         curve.append([int(model.num_timesteps), time.perf_counter() - t0,
                       float(model.logger.ep_rew_mean), window])
 
-    model = APPO(case.env, **{"seed": seed, "device": "cpu", "verbose": 0, **case.extra, **overrides})
+    model = APPO(case.env, **{"seed": seed, "device": "cpu", "verbose": 0, **case.extra, **with_schedules(overrides)})
     try:
         model.train(case.steps, callback=record, callback_interval=1.0)
         record(model)
@@ -558,6 +558,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not args.report:
         try:
             overrides = parse_variant(args.variant)
+            with_schedules(overrides)
         except ValueError as e:
             p.error(str(e))
         tag = f"-{args.tag}" if args.tag else ""

@@ -125,7 +125,7 @@ def test_yaml_hyperparameters_per_env(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["train", "--experiment", "z", "--bogus", "1"], "unrecognized arguments: --bogus"),
     (["train", "--env", "CartPole-v1", "--experiment", "z", "--learning_rate", "-3"],
-     "learning_rate=-3: must be a number > 0"),
+     "learning_rate=-3: must be a number >= 0"),
     (["train", "--experiment", "z"], "new experiment: give --env"),
     (["evaluate", "--experiment", "nothing"], "no checkpoint in"),
     (["plot", "no/such/dir"], "no progress.csv"),
