@@ -208,7 +208,8 @@ def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
         curve.append([int(model.num_timesteps), time.perf_counter() - t0,
                       float(model.logger.ep_rew_mean), window])
 
-    model = APPO(case.env, **{"seed": seed, "device": "cpu", "verbose": 0, **case.extra, **with_schedules(overrides)})
+    kwargs = {"seed": seed, "device": "cpu", "verbose": 0, **case.extra, **with_schedules(overrides)}
+    model = APPO(case.env, **kwargs)
     try:
         model.train(case.steps, callback=record, callback_interval=1.0)
         record(model)
@@ -558,7 +559,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not args.report:
         try:
             overrides = parse_variant(args.variant)
-            with_schedules(overrides)
+            with_schedules(overrides)  # a bad lin_ value fails here, before any run
         except ValueError as e:
             p.error(str(e))
         tag = f"-{args.tag}" if args.tag else ""
