@@ -468,7 +468,8 @@ def readme_table(runs: List[dict]) -> str:
                         f"{spread([h[1] for h in hits], '{:.0f} s')}")
 
             def greedy(rs: List[dict]) -> str:
-                return f"{spread([r['greedy_mean'] for r in rs], score)} ({len(rs)} seed{'s' * (len(rs) > 1)})"
+                seeds = f"{len(rs)} seed" + ("s" if len(rs) > 1 else "")
+                return f"{spread([r['greedy_mean'] for r in rs], score)} ({seeds})"
 
             rows.append(f"| {env} ({steps / 1e3:,.0f}k) | {target:g} | {greedy(mine)} | "
                         f"{greedy(sb3) if sb3 else no_sb3} | {reached(mine)} | {reached(sb3)} | "
