@@ -67,7 +67,8 @@ class Config:
         "env. Batch sizes count agent steps.")
 
     # --- optimisation -----------------------------------------------------------------------
-    learning_rate: float = _f(5e-4, "Adam learning rate.")
+    learning_rate: float = _f(5e-4, "Adam learning rate (0 freezes the policy; a schedule may end "
+                               "at 0).")
     adam_eps: float = _f(1e-5, "Adam epsilon.")
     num_epochs: int = _f(4, "Passes over each batch (IMPALA: 1).")
     minibatch_size: int = _f(
