@@ -3,18 +3,20 @@
     python benchmarks/atari_learning.py [--env ALE/Pong-v5] [--frames 10000000] [--device auto]
         [--out pong_learning] [--checkpoint_every 600] [--resume]
         [any Config field as --field value]
+    python benchmarks/atari_learning.py --plot RUN.csv [RUN.csv ...] --out FIGURE [--env E]
 
 Writes OUT.csv (seconds, frames, env steps, mean return of the last 100 games, the last update's
 mean policy lag) every 30 s, the final model to OUT.pt with its greedy return over --eval_episodes
-games, and, with matplotlib (pip install -e ".[bench]"), OUT.png. Frames = env steps x 4. Stops
-once the mean reaches --target. The learning rate stays constant by default (--anneal_lr: linearly
-to 0 over --frames). A run longer than a sitting: SIGTERM (or Ctrl-C) stops it with a checkpoint
-(OUT.ckpt.pt, the model; OUT.ckpt.json, the curve so far and the last games' returns; also
-written every --checkpoint_every seconds), and the same command with --resume goes on from it
-(the curve's seconds count the time before; the games in progress at the stop are lost, the
-envs start new ones). On a 2-core CPU (where the Atari defaults train synchronously) one run of
-the defaults reached +18 at 6.7M frames in 41 minutes (~680 env steps/s), a second +17.2 at 10M
-frames in 51 (~815 env steps/s; +17 at 6.2M); annealed, +17.1 at 10M frames in 64.
+games, and, with matplotlib (pip install -e ".[bench]"), OUT.png (--plot: several runs' curves in
+one figure, no training). Frames = env steps x 4. Stops once the mean reaches --target. The learning
+rate stays constant by default (--anneal_lr: linearly to 0 over --frames). A run longer than a
+sitting: SIGTERM (or Ctrl-C) stops it with a checkpoint (OUT.ckpt.pt, the model; OUT.ckpt.json, the
+curve so far and the last games' returns; also written every --checkpoint_every seconds), and the
+same command with --resume goes on from it (the curve's seconds count the time before; the games in
+progress at the stop are lost, the envs start new ones). On a 2-core CPU (where the Atari defaults
+train synchronously) one run of the defaults reached +18 at 6.7M frames in 41 minutes (~680 env
+steps/s), a second +17.2 at 10M frames in 51 (~815 env steps/s; +17 at 6.2M); annealed, +17.1 at 10M
+frames in 64.
 """
 from __future__ import annotations
 
@@ -29,6 +31,13 @@ from asyncrl import APPO
 from asyncrl.cli import Terminated, raise_terminated  # SIGTERM unwinds train() as Ctrl-C does
 from asyncrl.flags import parse_value
 from asyncrl.config import ATARI_DEFAULTS
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:  # the curves are still written (CSV); pip install -e ".[bench]" for PNGs
+    plt = None
 
 FRAME_SKIP = 4
 
@@ -49,7 +58,19 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="go on from OUT.ckpt.pt and OUT.ckpt.json (written every "
                          "--checkpoint_every seconds and on SIGTERM or Ctrl-C)")
+    ap.add_argument("--plot", nargs="+", metavar="CSV",
+                    help="no training: draw these runs' curves (OUT.csv files) together into "
+                         "--out's PNG, e.g. the seeds of one setting")
     args, extra = ap.parse_known_args()
+    if args.plot:
+        if extra:
+            ap.error(f"--plot draws stored curves; it takes no Config fields ({' '.join(extra)})")
+        if plt is None:
+            ap.error("--plot needs matplotlib: pip install -e \".[bench]\"")
+        plot({path: read_rows(path) for path in args.plot}, args.target, args.env,
+             args.out + ".png")
+        print(f"wrote {args.out}.png")
+        return
     overrides = {k.lstrip("-"): parse_value(v) for k, v in zip(extra[::2], extra[1::2])}
     overrides.setdefault("device", "auto")
     if args.anneal_lr:
@@ -124,22 +145,34 @@ def main() -> None:
         mean, std = model.evaluate(args.eval_episodes, deterministic=True)
         print(f"final weights ({args.out}.pt): greedy return over {args.eval_episodes} games "
               f"{mean:.1f} +/- {std:.1f}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"wrote {args.out}.csv (matplotlib not installed: no PNG)")
+    plot({args.out + ".csv": rows}, args.target, args.env, args.out + ".png")
+    print(f"wrote {args.out}.csv" + ("" if plt is None else f" and {args.out}.png"))
+
+
+def read_rows(path: str) -> list:
+    """A curve written by a run (OUT.csv) as the rows it holds: (seconds, frames, env steps,
+    mean return, lag)."""
+    with open(path) as f:
+        return [tuple(float(x) for x in r) for r in list(csv.reader(f))[1:]]
+
+
+def plot(curves: dict, target: float, env: str, png: str) -> None:
+    """The mean return against frames of each run in ``curves`` (label: rows), the target
+    dashed, into ``png``; nothing without matplotlib."""
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r[1] for r in rows], [r[3] for r in rows])
-    ax.axhline(args.target, linestyle="--", color="gray")
+    for label, rows in curves.items():
+        ax.plot([r[1] for r in rows], [r[3] for r in rows], label=os.path.basename(label))
+    ax.axhline(target, linestyle="--", color="gray")
     ax.set_xlabel("frames")
     ax.set_ylabel("mean return (last 100 games)")
-    ax.set_title(f"asyncrl on {args.env}")
+    ax.set_title(f"asyncrl on {env}")
+    if len(curves) > 1:
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(args.out + ".png")
-    print(f"wrote {args.out}.csv and {args.out}.png")
+    fig.savefig(png)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
