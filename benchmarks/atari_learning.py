@@ -65,6 +65,8 @@ def main() -> None:
     if args.plot:
         if extra:
             ap.error(f"--plot draws stored curves; it takes no Config fields ({' '.join(extra)})")
+        if missing := [path for path in args.plot if not os.path.isfile(path)]:
+            ap.error(f"--plot: no such curve {', '.join(missing)} (a run's OUT.csv)")
         if plt is None:
             ap.error("--plot needs matplotlib: pip install -e \".[bench]\"")
         plot({path: read_rows(path) for path in args.plot}, args.target, args.env,
