@@ -31,13 +31,7 @@ from asyncrl import APPO
 from asyncrl.cli import Terminated, raise_terminated  # SIGTERM unwinds train() as Ctrl-C does
 from asyncrl.flags import parse_value
 from asyncrl.config import ATARI_DEFAULTS
-
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-except ImportError:  # the curves are still written (CSV); pip install -e ".[bench]" for PNGs
-    plt = None
+from _common import pyplot  # benchmarks/, the script's own folder
 
 FRAME_SKIP = 4
 
@@ -67,8 +61,8 @@ def main() -> None:
             ap.error(f"--plot draws stored curves; it takes no Config fields ({' '.join(extra)})")
         if missing := [path for path in args.plot if not os.path.isfile(path)]:
             ap.error(f"--plot: no such curve {', '.join(missing)} (a run's OUT.csv)")
-        if plt is None:
-            ap.error("--plot needs matplotlib: pip install -e \".[bench]\"")
+        if pyplot() is None:
+            ap.error("--plot needs matplotlib")
         plot({path: read_rows(path) for path in args.plot}, args.target, args.env,
              args.out + ".png")
         print(f"wrote {args.out}.png")
@@ -147,8 +141,8 @@ def main() -> None:
         mean, std = model.evaluate(args.eval_episodes, deterministic=True)
         print(f"final weights ({args.out}.pt): greedy return over {args.eval_episodes} games "
               f"{mean:.1f} +/- {std:.1f}")
-    plot({args.out + ".csv": rows}, args.target, args.env, args.out + ".png")
-    print(f"wrote {args.out}.csv" + ("" if plt is None else f" and {args.out}.png"))
+    wrote = plot({args.out + ".csv": rows}, args.target, args.env, args.out + ".png")
+    print(f"wrote {args.out}.csv" + (f" and {args.out}.png" if wrote else ""))
 
 
 def read_rows(path: str) -> list:
@@ -158,11 +152,12 @@ def read_rows(path: str) -> list:
         return [tuple(float(x) for x in r) for r in list(csv.reader(f))[1:]]
 
 
-def plot(curves: dict, target: float, env: str, png: str) -> None:
+def plot(curves: dict, target: float, env: str, png: str) -> bool:
     """The mean return against frames of each run in ``curves`` (label: rows), the target
-    dashed, into ``png``; nothing without matplotlib."""
+    dashed, into ``png``; False (no file) without matplotlib."""
+    plt = pyplot()
     if plt is None:
-        return
+        return False
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows in curves.items():
         ax.plot([r[1] for r in rows], [r[3] for r in rows], label=os.path.basename(label))
@@ -175,6 +170,7 @@ def plot(curves: dict, target: float, env: str, png: str) -> None:
     fig.tight_layout()
     fig.savefig(png)
     plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":
