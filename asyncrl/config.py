@@ -99,6 +99,13 @@ class Config:
         "more than 1.5 x this KL from where the update started (SB3's target_kl): a converged, "
         "nearly deterministic policy otherwise takes jumps that can collapse it. None: every "
         "minibatch of every epoch steps.")
+    kl_adaptive_lr: Optional[float] = _f(
+        None, "Adapt the learning rate to this KL (rl_games' and Sample Factory's adaptive "
+        "schedule, e.g. 0.008): before each minibatch step that finds the policy moved from the "
+        "update's start by more than 2 x this KL, a factor on learning_rate (or its schedule) "
+        "falls 1.5x; by less than half of it, the factor rises 1.5x; within [0.01, 30], from 1 "
+        "in each learner process. None: off (not a default: measured in docs/benchmarks/"
+        "learning-suite.md).")
     ent_coef: float = _f(0.005, "Entropy bonus coefficient.")
     vf_coef: float = _f(0.5, "Value loss coefficient.")
     max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
@@ -311,6 +318,8 @@ class Config:
               "reward_clip", "must be None or a number > 0")
         check(self.target_kl is None or (is_num(self.target_kl) and self.target_kl > 0),
               "target_kl", "must be None or a number > 0")
+        check(self.kl_adaptive_lr is None or (is_num(self.kl_adaptive_lr) and self.kl_adaptive_lr > 0),
+              "kl_adaptive_lr", "must be None or a number > 0")
         check(self.dual_clip is None or (is_num(self.dual_clip) and self.dual_clip > 1),
               "dual_clip", "must be None or a number > 1")
         check(self.vf_clip_coef is None or (is_num(self.vf_clip_coef) and self.vf_clip_coef > 0),
@@ -412,6 +421,7 @@ class ConfigKwargs(TypedDict, total=False):
     dual_clip: Optional[float]
     vf_clip_coef: Optional[float]
     target_kl: Optional[float]
+    kl_adaptive_lr: Optional[float]
     ent_coef: Union[float, Schedule]
     vf_coef: Union[float, Schedule]
     max_grad_norm: Union[float, Schedule]

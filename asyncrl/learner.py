@@ -289,6 +289,7 @@ class Learner:
         self.buffers, self.weights, self.ctl, self.serial = buffers, weights, ctl, serial
         self.shared_optimizer = optimizer_state
         self.shared_hparams, self.hparams_version = shared_hparams, None
+        self.lr_scale = 1.0  # kl_adaptive_lr's factor on learning_rate (its schedule's value)
         self.files, self.optimizer_epoch = files, 0
         self.snapshot_served = 0
         self.full_slot_queue, self.free_slot_queue = queues.full_slot, queues.free_slot
@@ -377,7 +378,12 @@ class Learner:
         self.hparams_version = self.shared_hparams.version
         self.cfg = dataclasses.replace(self.cfg, **self.shared_hparams.read())
         for group in self.optimizer.param_groups:
-            group["lr"], group["eps"] = self.cfg.learning_rate, self.cfg.adam_eps
+            group["eps"] = self.cfg.adam_eps
+        self._set_lr()
+
+    def _set_lr(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.learning_rate * self.lr_scale
 
     def step(self, timeout: float) -> bool:
         if self.ctl[Ctl.SNAPSHOT_REQUEST] != self.snapshot_served:
@@ -536,7 +542,8 @@ class Learner:
         one_pass = cfg.minibatch_size >= T * B
         columns = one_pass or batch.rnn_state is not None
         return (columns and not self.recorded_exact(batch)
-                and (one_pass or (not cfg.decoupled_clip and cfg.target_kl is None)))
+                and (one_pass or (not cfg.decoupled_clip and cfg.target_kl is None
+                                  and cfg.kl_adaptive_lr is None)))
 
     @torch.no_grad()
     def targets(self, batch: Batch, obs: Dict[str, torch.Tensor],
@@ -622,6 +629,7 @@ class Learner:
                      policy_lag_mean=float(valid_lag.mean()), policy_lag_max=float(valid_lag.max()),
                      masked_fraction=1.0 - float(valid.float().mean()), version=self.version + 1)
         stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
+        stats["learning_rate"] = cfg.learning_rate * self.lr_scale  # as kl_adaptive_lr left it
         return stats
 
     def _columns(self, batch: Batch, rows: int, order: Optional[torch.Tensor] = None):
@@ -722,6 +730,19 @@ class Learner:
             return scale
         return torch.maximum(scale, floor * norm.std()) if norm is not None else scale.clamp(min=floor)
 
+    def _adapt_lr(self, kl: float) -> None:
+        """kl_adaptive_lr's rule, after a minibatch found the policy moved by ``kl`` from the
+        update's start: the factor on learning_rate falls 1.5x above twice the target, rises
+        1.5x below half of it, within [1/100, 30]."""
+        target, scale = self.cfg.kl_adaptive_lr, self.lr_scale
+        if kl > 2.0 * target:
+            scale = max(scale / 1.5, 0.01)
+        elif kl < 0.5 * target:
+            scale = min(scale * 1.5, 30.0)
+        if scale != self.lr_scale:
+            self.lr_scale = scale
+            self._set_lr()
+
     def _minibatch_step(self, obs, actions, action_mask, ratio_ref, advantages, old_values,
                         returns, weight, pg_weight, start_log_probs: torch.Tensor,
                         clip_coef: Optional[float], rec: dict,
@@ -745,11 +766,14 @@ class Learner:
             new_log_probs, entropy, new_values = self.model.evaluate(obs, actions, action_mask, **rec)
         else:
             new_log_probs, entropy, new_values = evaluated
-        if cfg.target_kl is not None:
+        if cfg.target_kl is not None or cfg.kl_adaptive_lr is not None:
             # KL from the policy at the update's start, as this minibatch finds it (SB3's check)
             d = new_log_probs.detach() - start_log_probs
-            if float(masked_mean(d.exp() - 1.0 - d, pg_weight)) > 1.5 * cfg.target_kl:
+            kl = float(masked_mean(d.exp() - 1.0 - d, pg_weight))
+            if cfg.target_kl is not None and kl > 1.5 * cfg.target_kl:
                 return STOP
+            if cfg.kl_adaptive_lr is not None:
+                self._adapt_lr(kl)
         out = ppo_loss(new_log_probs, ratio_ref, advantages, new_values,
                        old_values, returns, entropy, clip_coef=clip_coef,
                        vf_clip_coef=cfg.vf_clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
