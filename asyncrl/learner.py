@@ -629,7 +629,7 @@ class Learner:
                      policy_lag_mean=float(valid_lag.mean()), policy_lag_max=float(valid_lag.max()),
                      masked_fraction=1.0 - float(valid.float().mean()), version=self.version + 1)
         stats.update({HPARAM_LOG_NAMES.get(n, n): getattr(cfg, n) for n in MUTABLE_HPARAMS})
-        stats["learning_rate"] = cfg.learning_rate * self.lr_scale  # as kl_adaptive_lr left it
+        stats["learning_rate"] = self.optimizer.param_groups[0]["lr"]  # in use (kl_adaptive_lr)
         return stats
 
     def _columns(self, batch: Batch, rows: int, order: Optional[torch.Tensor] = None):
