@@ -55,6 +55,11 @@ class Config:
         "shares the CPU with sampling and is the bottleneck (a CNN learning asynchronously on a "
         "CPU), a positive value lets its threads run first and sampling fill the rest "
         "(measured: the Atari guide).")
+    batches_to_accumulate: int = _f(
+        2, "Batches the sampling may collect ahead of the learner before it waits for free "
+        "trajectory slots (Sample Factory's num_batches_to_accumulate): where the learner is the "
+        "bottleneck, it trains on samples this many policy versions old. The shared buffer "
+        "holds this many batches of slots plus one per env group (synchronous PPO: one batch).")
     device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "
@@ -247,7 +252,7 @@ class Config:
         sample is collected before the learner has published the policy that trains on it."""
         if self.algo == "ppo":
             return self.slots_per_batch
-        return self.num_groups + 2 * self.slots_per_batch
+        return self.num_groups + self.batches_to_accumulate * self.slots_per_batch
 
     def replace(self, **overrides) -> "Config":
         return Config.from_kwargs(dataclasses.asdict(self) | overrides)
@@ -283,7 +288,8 @@ class Config:
         def is_num(v):
             return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
-        for name in ("num_workers", "num_policy_workers", "learner_threads", "rollout", "batch_size", "num_epochs",
+        for name in ("num_workers", "num_policy_workers", "learner_threads", "batches_to_accumulate",
+                     "rollout", "batch_size", "num_epochs",
                      "minibatch_size", "stats_window", "max_nonfinite_updates",
                      "max_env_restarts", "lanes_per_env"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1, name,
@@ -402,6 +408,7 @@ class ConfigKwargs(TypedDict, total=False):
     rollout: int
     batch_size: int
     learner_threads: int
+    batches_to_accumulate: int
     sampler_nice: int
     device: str
     algo: str

@@ -100,7 +100,10 @@ class TrainLogger:
         elif report.kind is ReportKind.TRAIN:
             prefix = self.learner_prefix.get(report.component, "")
             for k, v in report.payload.items():
-                self.train_sums[prefix + k] += v
+                if k == "policy_lag_max":  # the largest since the last line, beside its mean
+                    self.train_sums[prefix + k] = max(self.train_sums.get(prefix + k, v), v)
+                else:
+                    self.train_sums[prefix + k] += v
             self.num_updates[prefix] += 1
             self.last_train_by[prefix] = report.payload
         elif report.kind is ReportKind.TIMING:
@@ -246,11 +249,10 @@ class TrainLogger:
                 out[f"time/{pid}/fps"] = self.fps(FPS_WINDOWS[0], pid)
         for k, v in self.train_sums.items():  # "loss" or "<id>/loss": means since the last line
             prefix = k.rpartition("/")[0] + "/" if "/" in k else ""
-            if k != prefix + "policy_lag_max":
-                out[f"train/{k}"] = v / max(self.num_updates[prefix], 1)
-        for prefix, stats in self.last_train_by.items():
+            out[f"train/{k}"] = v if k == prefix + "policy_lag_max" else v / max(self.num_updates[prefix], 1)
+        for prefix, stats in self.last_train_by.items():  # no update since the last line: the last's
             if "policy_lag_max" in stats:
-                out[f"train/{prefix}policy_lag_max"] = stats["policy_lag_max"]
+                out.setdefault(f"train/{prefix}policy_lag_max", stats["policy_lag_max"])
         for component, snap in self.recent_timings().items():
             wall = snap.get("_wall") or 1.0
             for stage, secs in snap.items():

@@ -240,6 +240,23 @@ def test_model_plot_keeps_the_whole_run_at_bounded_memory():
     assert fig._repr_png_().startswith(b"\x89PNG")
 
 
+
+def test_the_log_line_s_policy_lag_max_is_the_largest_since_the_last_line():
+    """Each update reports its own lag mean and max; a log line (and its scalars) averages the
+    means since the previous line and takes the largest max, not the last update's."""
+    from asyncrl.logger import TrainLogger
+    from asyncrl.messages import Report, ReportKind
+    logger = TrainLogger(verbose=0, log_interval=0.0, stats_window=10)
+    logger.trained({"learner-0": "policy"})
+    for mean, top in ((1.5, 3.0), (0.5, 1.0)):
+        logger.on_report(Report(ReportKind.TRAIN, "learner-0",
+                                {"policy_lag_mean": mean, "policy_lag_max": top}))
+    scalars = logger.scalars()
+    assert scalars["train/policy_lag_mean"] == 1.0 and scalars["train/policy_lag_max"] == 3.0
+    assert "lag mean 1.0 max 3" in logger.summary_line(0, scalars)
+    logger.maybe_log({"policy": 0}, force=True)  # a new window: no update yet, the last one's
+    assert logger.scalars()["train/policy_lag_max"] == 1.0
+
 SETUP = '''
 import sys
 sys.path.insert(0, {tests!r})
