@@ -108,9 +108,12 @@ class Config:
         None, "Adapt the learning rate to this KL (rl_games' and Sample Factory's adaptive "
         "schedule, e.g. 0.008): before each minibatch step that finds the policy moved from the "
         "update's start by more than 2 x this KL, a factor on learning_rate (or its schedule) "
-        "falls 1.5x; by less than half of it, the factor rises 1.5x; within [0.01, 30], from 1 "
-        "in each learner process. None: off (not a default: measured in docs/benchmarks/"
-        "learning-suite.md).")
+        "falls 1.5x; by less than half of it, the factor rises 1.5x; within [0.01, "
+        "kl_adaptive_lr_max], from 1 in each learner process. None: off (not a default: "
+        "measured in docs/benchmarks/learning-suite.md).")
+    kl_adaptive_lr_max: float = _f(
+        30.0, "The largest factor kl_adaptive_lr may put on learning_rate (1: it only slows "
+        "the rate where the policy moves too far, never raises it above learning_rate).")
     ent_coef: float = _f(0.005, "Entropy bonus coefficient.")
     vf_coef: float = _f(0.5, "Value loss coefficient.")
     max_grad_norm: float = _f(0.5, "Gradient-norm clip.")
@@ -326,6 +329,8 @@ class Config:
               "target_kl", "must be None or a number > 0")
         check(self.kl_adaptive_lr is None or (is_num(self.kl_adaptive_lr) and self.kl_adaptive_lr > 0),
               "kl_adaptive_lr", "must be None or a number > 0")
+        check(is_num(self.kl_adaptive_lr_max) and self.kl_adaptive_lr_max >= 0.01,
+              "kl_adaptive_lr_max", "must be a number >= 0.01 (the smallest factor)")
         check(self.dual_clip is None or (is_num(self.dual_clip) and self.dual_clip > 1),
               "dual_clip", "must be None or a number > 1")
         check(self.vf_clip_coef is None or (is_num(self.vf_clip_coef) and self.vf_clip_coef > 0),
@@ -429,6 +434,7 @@ class ConfigKwargs(TypedDict, total=False):
     vf_clip_coef: Optional[float]
     target_kl: Optional[float]
     kl_adaptive_lr: Optional[float]
+    kl_adaptive_lr_max: float
     ent_coef: Union[float, Schedule]
     vf_coef: Union[float, Schedule]
     max_grad_norm: Union[float, Schedule]

@@ -733,12 +733,12 @@ class Learner:
     def _adapt_lr(self, kl: float) -> None:
         """kl_adaptive_lr's rule, after a minibatch found the policy moved by ``kl`` from the
         update's start: the factor on learning_rate falls 1.5x above twice the target, rises
-        1.5x below half of it, within [1/100, 30]."""
+        1.5x below half of it, within [1/100, kl_adaptive_lr_max]."""
         target, scale = self.cfg.kl_adaptive_lr, self.lr_scale
         if kl > 2.0 * target:
             scale = max(scale / 1.5, 0.01)
         elif kl < 0.5 * target:
-            scale = min(scale * 1.5, 30.0)
+            scale = min(scale * 1.5, self.cfg.kl_adaptive_lr_max)
         if scale != self.lr_scale:
             self.lr_scale = scale
             self._set_lr()

@@ -485,6 +485,24 @@ def test_kl_adaptive_lr_follows_how_far_each_minibatch_finds_the_policy_moved(le
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(lr / 2)
 
 
+@pytest.mark.parametrize("learning_rate", [1e-7, 0.5])
+def test_kl_adaptive_lr_max_1_only_brakes(learning_rate):
+    """kl_adaptive_lr_max=1: a rate too small to move the policy stays at learning_rate (the
+    factor does not rise above 1); one that moves it far still falls."""
+    from asyncrl.buffers import SharedControl
+    learner = make_learner(minibatch_size=5, batch_size=15, rollout=5, num_envs_per_worker=6,
+                           num_epochs=4, target_kl=None, kl_adaptive_lr=0.01,
+                           kl_adaptive_lr_max=1.0, learning_rate=learning_rate)
+    learner.ctl = SharedControl()
+    learner.version = 0
+    learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=learning_rate)
+    stats = learner.train_on(on_policy_batch(learner, done_at=(2, 1), truncated=False))
+    if learning_rate < 1e-3:
+        assert learner.lr_scale == 1 and stats["learning_rate"] == learning_rate
+    else:
+        assert 0.01 <= learner.lr_scale < 1
+        assert stats["learning_rate"] == pytest.approx(learning_rate * learner.lr_scale)
+
 @pytest.mark.parametrize("max_norm", [1e-3, 1e3])
 def test_flat_gradients_zero_and_clip_as_torch_does(max_norm):
     """The learner's gradients live in one flat buffer: backward adds into it, zeroing clears the
