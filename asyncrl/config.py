@@ -109,8 +109,8 @@ class Config:
         "schedule, e.g. 0.008): before each minibatch step that finds the policy moved from the "
         "update's start by more than 2 x this KL, a factor on learning_rate (or its schedule) "
         "falls 1.5x; by less than half of it, the factor rises 1.5x; within [0.01, "
-        "kl_adaptive_lr_max], from 1 in each learner process. None: off (not a default: "
-        "measured in docs/benchmarks/learning-suite.md).")
+        "kl_adaptive_lr_max], from 1 in each learner process. None: off (continuous actions "
+        "imply 0.02 with kl_adaptive_lr_max 1, a brake: docs/benchmarks/learning-suite.md).")
     kl_adaptive_lr_max: float = _f(
         30.0, "The largest factor kl_adaptive_lr may put on learning_rate (1: it only slows "
         "the rate where the policy moves too far, never raises it above learning_rate).")
@@ -413,8 +413,8 @@ class ConfigKwargs(TypedDict, total=False):
     rollout: int
     batch_size: int
     learner_threads: int
-    batches_to_accumulate: int
     sampler_nice: int
+    batches_to_accumulate: int
     device: str
     algo: str
     serial_mode: bool
@@ -540,12 +540,21 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # (collapsed on Hopper): 256 ended higher than 128 on Hopper, Walker2d and LunarLanderContinuous,
 # reached every training target sooner, and ended lower on HalfCheetah (bimodal outcomes either
 # way); figures per seed in docs/benchmarks/learning-suite.md, "Continuous control". No
-# target_kl: the presets (this, Atari's, VizDoom's) keep the settings they were measured with.
-# The Gaussian's initial std (0.61 of each dimension's half range; SB3's 1) is the distribution's:
-# distributions.LOG_STD_INIT.
+# target_kl (0.02 stalled HalfCheetah in 2 seeds of 3) but a brake on each update's move:
+# kl_adaptive_lr 0.02 with kl_adaptive_lr_max 1, so within an update the rate falls 1.5x a
+# minibatch once the policy has moved from the update's start by more than 0.04 (KL) and climbs
+# back, never above learning_rate, on minibatches that find less than 0.01. Late in training, as
+# the Gaussian's std shrinks, the same steps move the policy further: InvertedDoublePendulum's
+# and Reacher's returns fell back from their best. With the brake, seeds 0-2, greedy medians
+# (without it): IDP 9,340 (7,501; SB3 9,357), Reacher -5.23 (-5.60; SB3 -5.22), Walker2d 3,700
+# (3,582), HalfCheetah 4,180 (4,363, and no seed stalled below 2,000), LunarLanderContinuous 198
+# (204), Pendulum -128 (-123); Hopper in docs/benchmarks/learning-suite.md, "a brake on each
+# update's move". (It makes the KL per minibatch, so a recurrent model's first epoch no longer
+# gives the targets: Learner.targets_in_first_epoch.) The Gaussian's initial std (0.61 of each
+# dimension's half range; SB3's 1) is the distribution's: distributions.LOG_STD_INIT.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=256,
-                           target_kl=None)
+                           target_kl=None, kl_adaptive_lr=0.02, kl_adaptive_lr_max=1.0)
 
 # Factored discrete actions (several choices made together: MultiDiscrete, MultiBinary, a Tuple
 # or Dict of Discretes): ten times the entropy bonus. Some combinations of the parts are often
