@@ -58,8 +58,9 @@ class Config:
     batches_to_accumulate: int = _f(
         2, "Batches the sampling may collect ahead of the learner before it waits for free "
         "trajectory slots (Sample Factory's num_batches_to_accumulate): where the learner is the "
-        "bottleneck, it trains on samples this many policy versions old. The shared buffer "
-        "holds this many batches of slots plus one per env group (synchronous PPO: one batch).")
+        "bottleneck, it trains on samples up to about this many policy versions old. The "
+        "shared buffer holds this many batches of slots plus one per env group (synchronous "
+        "PPO: one batch).")
     device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "

@@ -240,7 +240,6 @@ def test_model_plot_keeps_the_whole_run_at_bounded_memory():
     assert fig._repr_png_().startswith(b"\x89PNG")
 
 
-
 def test_the_log_line_s_policy_lag_max_is_the_largest_since_the_last_line():
     """Each update reports its own lag mean and max; a log line (and its scalars) averages the
     means since the previous line and takes the largest max, not the last update's."""
@@ -256,6 +255,7 @@ def test_the_log_line_s_policy_lag_max_is_the_largest_since_the_last_line():
     assert "lag mean 1.0 max 3" in logger.summary_line(0, scalars)
     logger.maybe_log({"policy": 0}, force=True)  # a new window: no update yet, the last one's
     assert logger.scalars()["train/policy_lag_max"] == 1.0
+
 
 SETUP = '''
 import sys

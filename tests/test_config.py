@@ -136,7 +136,6 @@ def test_ppo_default_batch_is_one_rollout_of_every_env():
              minibatch_size=128)
 
 
-
 def test_batches_to_accumulate_sizes_the_slots_the_sampling_may_fill_ahead():
     """One slot per env group (each fills one while the learner trains) and this many batches;
     synchronous PPO keeps exactly one batch whatever it says."""
@@ -147,6 +146,7 @@ def test_batches_to_accumulate_sizes_the_slots_the_sampling_may_fill_ahead():
     assert cfg.replace(algo="ppo", batch_size=128, batches_to_accumulate=3).num_slots == 4
     with pytest.raises(ConfigError, match=r"batches_to_accumulate=0: must be an integer >= 1"):
         cfg.replace(batches_to_accumulate=0)
+
 
 @pytest.mark.parametrize("bad", [dict(num_workers=None), dict(rollout=0), dict(num_workers="2")])
 def test_ppo_with_bad_count_is_config_error(bad):

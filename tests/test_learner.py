@@ -503,6 +503,7 @@ def test_kl_adaptive_lr_max_1_only_brakes(learning_rate):
         assert 0.01 <= learner.lr_scale < 1
         assert stats["learning_rate"] == pytest.approx(learning_rate * learner.lr_scale)
 
+
 @pytest.mark.parametrize("max_norm", [1e-3, 1e3])
 def test_flat_gradients_zero_and_clip_as_torch_does(max_norm):
     """The learner's gradients live in one flat buffer: backward adds into it, zeroing clears the
