@@ -38,6 +38,11 @@ def _f(default, doc: str, **kw):
     return field(default=default, metadata={"doc": doc}, **kw)
 
 
+# The smallest factor kl_adaptive_lr may put on learning_rate (the learner's floor; the largest
+# is Config.kl_adaptive_lr_max, which may not go below it).
+KL_ADAPTIVE_LR_MIN = 0.01
+
+
 @dataclass(frozen=True)
 class Config:
     # --- processes and sampling -------------------------------------------------------------
@@ -330,8 +335,8 @@ class Config:
               "target_kl", "must be None or a number > 0")
         check(self.kl_adaptive_lr is None or (is_num(self.kl_adaptive_lr) and self.kl_adaptive_lr > 0),
               "kl_adaptive_lr", "must be None or a number > 0")
-        check(is_num(self.kl_adaptive_lr_max) and self.kl_adaptive_lr_max >= 0.01,
-              "kl_adaptive_lr_max", "must be a number >= 0.01 (the smallest factor)")
+        check(is_num(self.kl_adaptive_lr_max) and self.kl_adaptive_lr_max >= KL_ADAPTIVE_LR_MIN,
+              "kl_adaptive_lr_max", f"must be a number >= {KL_ADAPTIVE_LR_MIN} (the smallest factor)")
         check(self.dual_clip is None or (is_num(self.dual_clip) and self.dual_clip > 1),
               "dual_clip", "must be None or a number > 1")
         check(self.vf_clip_coef is None or (is_num(self.vf_clip_coef) and self.vf_clip_coef > 0),

@@ -16,7 +16,7 @@ from torch import nn
 
 from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
                       SlotState, TrajectoryBuffers, Worker)
-from .config import MUTABLE_HPARAMS, Config
+from .config import KL_ADAPTIVE_LR_MIN, MUTABLE_HPARAMS, Config
 from .fileio import PolicyFiles, atomic_torch_save
 from .losses import masked_mean, ppo_loss
 from .messages import Report, ReportKind
@@ -733,10 +733,10 @@ class Learner:
     def _adapt_lr(self, kl: float) -> None:
         """kl_adaptive_lr's rule, after a minibatch found the policy moved by ``kl`` from the
         update's start: the factor on learning_rate falls 1.5x above twice the target, rises
-        1.5x below half of it, within [1/100, kl_adaptive_lr_max]."""
+        1.5x below half of it, within [KL_ADAPTIVE_LR_MIN, kl_adaptive_lr_max]."""
         target, scale = self.cfg.kl_adaptive_lr, self.lr_scale
         if kl > 2.0 * target:
-            scale = max(scale / 1.5, 0.01)
+            scale = max(scale / 1.5, KL_ADAPTIVE_LR_MIN)
         elif kl < 0.5 * target:
             scale = min(scale * 1.5, self.cfg.kl_adaptive_lr_max)
         if scale != self.lr_scale:

@@ -460,16 +460,20 @@ def test_target_kl_ends_the_update_once_the_policy_moved_too_far(target_kl):
         assert steps == 1 and stats["stopped_early"] == 1
 
 
+@pytest.mark.parametrize("kl_adaptive_lr_max", [30.0, 1.0])
 @pytest.mark.parametrize("learning_rate", [1e-7, 0.5])
-def test_kl_adaptive_lr_follows_how_far_each_minibatch_finds_the_policy_moved(learning_rate):
-    """kl_adaptive_lr: a rate too small to move the policy rises 1.5x a minibatch step up to 30x
-    learning_rate; one whose steps move it far beyond 2 x the KL falls back. The optimizer steps
-    with the adapted rate, the update's stats report it, and a changed learning_rate (a
-    schedule's next value) keeps the factor."""
+def test_kl_adaptive_lr_follows_how_far_each_minibatch_finds_the_policy_moved(learning_rate,
+                                                                              kl_adaptive_lr_max):
+    """kl_adaptive_lr: a rate too small to move the policy rises 1.5x a minibatch step up to
+    kl_adaptive_lr_max x learning_rate (at 1 it stays: the rule only brakes); one whose steps move
+    it far beyond 2 x the KL falls back, whatever the cap. The optimizer steps with the adapted
+    rate, the update's stats report it, and a changed learning_rate (a schedule's next value)
+    keeps the factor."""
     from asyncrl.buffers import SharedControl
+    from asyncrl.config import KL_ADAPTIVE_LR_MIN
     learner = make_learner(minibatch_size=5, batch_size=15, rollout=5, num_envs_per_worker=6,
                            num_epochs=4, target_kl=None, kl_adaptive_lr=0.01,
-                           learning_rate=learning_rate)
+                           kl_adaptive_lr_max=kl_adaptive_lr_max, learning_rate=learning_rate)
     learner.ctl = SharedControl()
     learner.version = 0
     learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=learning_rate)
@@ -477,31 +481,12 @@ def test_kl_adaptive_lr_follows_how_far_each_minibatch_finds_the_policy_moved(le
     lr = learner.optimizer.param_groups[0]["lr"]
     assert lr == stats["learning_rate"] == pytest.approx(learning_rate * learner.lr_scale)
     if learning_rate < 1e-3:  # 12 steps that each find KL ~0: 1.5**12 > 30, capped there
-        assert learner.lr_scale == 30
-    else:  # the first step finds KL 0 (x1.5); the moves it makes bring the rate down again
-        assert 0.01 <= learner.lr_scale < 1
+        assert learner.lr_scale == kl_adaptive_lr_max
+    else:  # the first step finds KL 0 (x1.5 below a cap of 30); its moves bring the rate down
+        assert KL_ADAPTIVE_LR_MIN <= learner.lr_scale < 1
     learner.cfg = learner.cfg.replace(learning_rate=learning_rate / 2)
     learner._set_lr()
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(lr / 2)
-
-
-@pytest.mark.parametrize("learning_rate", [1e-7, 0.5])
-def test_kl_adaptive_lr_max_1_only_brakes(learning_rate):
-    """kl_adaptive_lr_max=1: a rate too small to move the policy stays at learning_rate (the
-    factor does not rise above 1); one that moves it far still falls."""
-    from asyncrl.buffers import SharedControl
-    learner = make_learner(minibatch_size=5, batch_size=15, rollout=5, num_envs_per_worker=6,
-                           num_epochs=4, target_kl=None, kl_adaptive_lr=0.01,
-                           kl_adaptive_lr_max=1.0, learning_rate=learning_rate)
-    learner.ctl = SharedControl()
-    learner.version = 0
-    learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=learning_rate)
-    stats = learner.train_on(on_policy_batch(learner, done_at=(2, 1), truncated=False))
-    if learning_rate < 1e-3:
-        assert learner.lr_scale == 1 and stats["learning_rate"] == learning_rate
-    else:
-        assert 0.01 <= learner.lr_scale < 1
-        assert stats["learning_rate"] == pytest.approx(learning_rate * learner.lr_scale)
 
 
 @pytest.mark.parametrize("max_norm", [1e-3, 1e3])
