@@ -1,13 +1,16 @@
 """asyncrl and Sample Factory learning VizDoom scenarios with the same frame budget, side by side.
 
-    python benchmarks/doom_learning.py [--scenarios basic,hgs] [--frames basic=1000000,hgs=1000000]
+    python benchmarks/doom_learning.py [--scenarios basic,hgs,defend] [--frames basic=1000000,...]
         [--no-sf] [--append] [--seed 0] [--out benchmarks/results/doom_learning]
         [--variant "field=value,..." --tag T]... [--no-defaults] [--stop_at sf|RETURN]
         [--device cpu|cuda]
 
 Scenarios: ``basic`` (VizdoomBasic-v1 / SF's doom_basic: shoot the monster; the scenario's reward,
 up to ~95) and ``hgs`` (VizdoomHealthGatheringSupreme-v1 / SF's doom_health_gathering_supreme:
-survive on an acid floor by picking up medkits, 2,100 tics at most). SF's copy of the hgs
+survive on an acid floor by picking up medkits, 2,100 tics at most) and ``defend``
+(VizdoomDefendCenter-v1 / SF's doom_defend_the_center: turn and shoot the monsters closing in,
++1 a kill, -1 at death, 26 rounds of ammunition; both engines train on that reward, Sample
+Factory with its turn x attack action space, asyncrl with the env's). SF's copy of the hgs
 scenario pays 0.01 per tic alive and nothing at death, vizdoom's 1 per tic and -100 at death:
 asyncrl's run gets SF's (``living_reward=0.01, death_penalty=0``, DoomGame settings passed
 through ``env_kwargs``), so both curves are 0.01 x tics survived (21: the whole episode).
@@ -50,6 +53,7 @@ SCENARIOS = {  # name: (asyncrl id, its env_kwargs, SF env, SF's reward scale to
     "basic": ("VizdoomBasic-v1", {}, "doom_basic", 0.01, 1_000_000),
     "hgs": ("VizdoomHealthGatheringSupreme-v1", dict(living_reward=0.01, death_penalty=0.0),
             "doom_health_gathering_supreme", 1.0, 1_000_000),
+    "defend": ("VizdoomDefendCenter-v1", {}, "doom_defend_the_center", 1.0, 1_000_000),
 }
 
 
