@@ -114,7 +114,7 @@ class Config:
         None, "Adapt the learning rate to this KL (rl_games' and Sample Factory's adaptive "
         "schedule, e.g. 0.008): before each minibatch step that finds the policy moved from the "
         "update's start by more than 2 x this KL, a factor on learning_rate (or its schedule) "
-        "falls 1.5x; by less than half of it, the factor rises 1.5x; within [0.01, "
+        f"falls 1.5x; by less than half of it, the factor rises 1.5x; within [{KL_ADAPTIVE_LR_MIN}, "
         "kl_adaptive_lr_max], from 1 in each learner process. None: off (continuous actions "
         "imply 0.02 with kl_adaptive_lr_max 1, a brake: docs/benchmarks/learning-suite.md).")
     kl_adaptive_lr_max: float = _f(

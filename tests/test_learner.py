@@ -482,7 +482,7 @@ def test_kl_adaptive_lr_follows_how_far_each_minibatch_finds_the_policy_moved(le
     assert lr == stats["learning_rate"] == pytest.approx(learning_rate * learner.lr_scale)
     if learning_rate < 1e-3:  # 12 steps that each find KL ~0: 1.5**12 > 30, capped there
         assert learner.lr_scale == kl_adaptive_lr_max
-    else:  # the first step finds KL 0 (x1.5 below a cap of 30); its moves bring the rate down
+    else:  # the first step finds KL 0 (x1.5, or held at a cap of 1); its moves bring it down
         assert KL_ADAPTIVE_LR_MIN <= learner.lr_scale < 1
     learner.cfg = learner.cfg.replace(learning_rate=learning_rate / 2)
     learner._set_lr()
