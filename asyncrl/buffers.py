@@ -288,6 +288,21 @@ class QueueLock:
         self.release()
 
 
+def load_adam_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    """``optimizer.load_state_dict(state_dict)``, then each moment in its parameter's memory
+    layout. A state handed on flat (SharedOptimizerState) or saved from another optimizer comes
+    back in the default layout, where a channels-last convolution weight (the image encoders')
+    has its own: the fused Adam kernels walk the tensors in memory order, so on a CPU each
+    weight would take another element's moments, silently, and on a GPU the step refuses
+    ("must have same dtype, device, and layout")."""
+    optimizer.load_state_dict(state_dict)
+    for p, state in optimizer.state.items():
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            moment = state.get(key)
+            if moment is not None and moment.stride() != p.stride():
+                state[key] = torch.empty_like(p).copy_(moment)  # empty_like keeps p's layout
+
+
 class SharedOptimizerState:
     """Adam's moments and step counts after every update, beside the published weights, so that
     a learner that replaces a killed one goes on from the optimizer state the current weights
@@ -338,7 +353,7 @@ class SharedOptimizerState:
             i: {"step": steps[i].clone(), "exp_avg": m.view(p.shape), "exp_avg_sq": v.view(p.shape)}
             for i, (p, m, v) in enumerate(zip(params, exp_avg.split(sizes), exp_avg_sq.split(sizes)))
             if steps[i] > 0}
-        optimizer.load_state_dict(state_dict)
+        load_adam_state(optimizer, state_dict)
         return True
 
 

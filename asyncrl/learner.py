@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .buffers import (Ctl, SharedControl, SharedHyperParams, SharedOptimizerState, SharedWeights,
-                      SlotState, TrajectoryBuffers, Worker)
+                      SlotState, TrajectoryBuffers, Worker, load_adam_state)
 from .config import KL_ADAPTIVE_LR_MIN, MUTABLE_HPARAMS, Config
 from .fileio import PolicyFiles, atomic_torch_save
 from .losses import masked_mean, ppo_loss
@@ -366,7 +366,7 @@ class Learner:
 
     def _load_optimizer(self) -> None:
         if os.path.exists(self.files.optimizer):
-            self.optimizer.load_state_dict(torch.load(self.files.optimizer, map_location=self.device))
+            load_adam_state(self.optimizer, torch.load(self.files.optimizer, map_location=self.device))
             self.hparams_version = None  # re-apply the learning rate
         if os.path.exists(self.files.rng):  # minibatch order continues on resume
             self.rng.set_state(torch.load(self.files.rng))

@@ -194,39 +194,21 @@ def test_weights_survive_a_learner_killed_while_publishing():
     assert weights.version == 8
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_adam_state_reaches_a_replacement_learner(fused):
-    """Adam's moments and step counts come back whole, fused or not; a parameter that never had
-    a gradient has no state, in the replacement either."""
-    torch.manual_seed(0)
-    cfg = Config()
-    make_optimizer = make_learner_optimizer if fused else (
-        lambda model, cfg: torch.optim.Adam(model.parameters(), foreach=False))
+def _adam_model() -> tuple:
+    """A model with a channels-last convolution (the image encoders' layout) and a parameter
+    that never has a gradient; a loss over the rest."""
+    conv = nn.Conv2d(2, 3, 3).to(memory_format=torch.channels_last)
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    model = nn.ModuleList([net, nn.Linear(2, 2)])  # the second never has a gradient
-    optimizer = make_optimizer(model, cfg)
-    shared = SharedOptimizerState(model)
-    shared.write(optimizer, version=1, epoch=0)  # no step taken yet: nothing to hand on
-    assert (shared.tags == -1).all()
-    for version in (1, 2, 3):
-        net(torch.randn(16, 4)).pow(2).mean().backward()
-        optimizer.step()
-        shared.write(optimizer, version, epoch=0)
+    model = nn.ModuleList([conv, net, nn.Linear(2, 2)])  # the last never has a gradient
+    frames = torch.randn(5, 2, 6, 6).to(memory_format=torch.channels_last)
+    return model, lambda: conv(frames).pow(2).mean() + net(torch.randn(16, 4)).pow(2).mean()
 
-    replacement = make_optimizer(model, cfg)
-    assert not shared.read(replacement, version=3, epoch=1)  # the user replaced the optimizer
-    assert not shared.read(replacement, version=1, epoch=0)  # overwritten: two copies are kept
-    assert shared.read(replacement, version=3, epoch=0)
-    assert len(replacement.state) == len(optimizer.state) == 4
-    for p in optimizer.state:
-        mine, theirs = optimizer.state[p], replacement.state[p]
-        for key in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(mine[key], theirs[key])
-        assert float(mine["step"]) == float(theirs["step"]) == 3
-    # The next step of both is the same step.
+
+def _same_next_step(model: nn.Module, optimizer, replacement) -> None:
+    """The next step of both optimizers, from the same weights and gradients, is the same."""
     used = [p for p in model.parameters() if p in optimizer.state]
     before = [p.detach().clone() for p in used]
-    grads = [torch.randn_like(p) for p in used]
+    grads = [torch.randn_like(p) for p in used]  # in each parameter's layout, as autograd's
     results = []
     for opt in (optimizer, replacement):
         with torch.no_grad():
@@ -238,3 +220,62 @@ def test_adam_state_reaches_a_replacement_learner(fused):
         results.append([p.detach().clone() for p in used])
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_adam_state_reaches_a_replacement_learner(fused):
+    """Adam's moments and step counts come back whole, fused or not, each in its parameter's
+    memory layout (the fused kernel walks memory in order: a channels-last weight given
+    default-layout moments took other elements' moments on a CPU and failed on a GPU); a
+    parameter that never had a gradient has no state, in the replacement either."""
+    torch.manual_seed(0)
+    cfg = Config()
+    make_optimizer = make_learner_optimizer if fused else (
+        lambda model, cfg: torch.optim.Adam(model.parameters(), foreach=False))
+    model, loss = _adam_model()
+    optimizer = make_optimizer(model, cfg)
+    shared = SharedOptimizerState(model)
+    shared.write(optimizer, version=1, epoch=0)  # no step taken yet: nothing to hand on
+    assert (shared.tags == -1).all()
+    for version in (1, 2, 3):
+        loss().backward()
+        optimizer.step()
+        shared.write(optimizer, version, epoch=0)
+
+    replacement = make_optimizer(model, cfg)
+    assert not shared.read(replacement, version=3, epoch=1)  # the user replaced the optimizer
+    assert not shared.read(replacement, version=1, epoch=0)  # overwritten: two copies are kept
+    assert shared.read(replacement, version=3, epoch=0)
+    assert len(replacement.state) == len(optimizer.state) == 6
+    for p in optimizer.state:
+        mine, theirs = optimizer.state[p], replacement.state[p]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(mine[key], theirs[key])
+            assert theirs[key].stride() == p.stride()
+        assert float(mine["step"]) == float(theirs["step"]) == 3
+    _same_next_step(model, optimizer, replacement)
+
+
+def test_a_learner_resumes_adam_from_a_file_in_the_default_layout(tmp_path):
+    """An optimizer file whose moments are in the default layout (what the main process saves
+    from the shared copy after a SIGTERM, or an older checkpoint) resumes the learner's fused
+    Adam where it was: the next step is the step the original optimizer would take."""
+    torch.manual_seed(0)
+    model, loss = _adam_model()
+    optimizer = make_learner_optimizer(model, Config())
+    for _ in range(3):
+        loss().backward()
+        optimizer.step()
+    state_dict = optimizer.state_dict()  # its inner dicts are the optimizer's own: copied
+    state_dict["state"] = {i: {k: v.contiguous() if k.startswith("exp_avg") else v
+                               for k, v in state.items()}
+                           for i, state in state_dict["state"].items()}
+    conv_weight = next(model.parameters())
+    assert state_dict["state"][0]["exp_avg"].stride() != conv_weight.stride()  # default layout
+    learner = Learner(CFG, policy_spec=None, device="cpu", buffers=None, weights=None,
+                      optimizer_state=None, shared_hparams=None, ctl=None, queues=Queues(CFG).policy[0],
+                      files=PolicyFiles(str(tmp_path)), serial=True)
+    torch.save(state_dict, learner.files.optimizer)
+    learner.optimizer = make_learner_optimizer(model, Config())
+    learner._load_optimizer()
+    _same_next_step(model, optimizer, learner.optimizer)
