@@ -75,7 +75,7 @@ def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win(tmp_path):
     assert env_family("VizdoomBasic-v1") == "doom" and env_family("CartPole-v1") is None
     with APPO("VizdoomBasic-v1", device="cpu", verbose=0) as model:
         cfg = model.config
-        assert (cfg.use_rnn, cfg.rnn_type, cfg.rnn_size, cfg.cnn) == (True, "gru", 512, "doom")
+        assert (cfg.use_rnn, cfg.rnn_type, cfg.rnn_size, cfg.cnn) == (True, "gru", 512, "doom_relu")
         assert all(getattr(cfg, k) == v for k, v in DOOM_DEFAULTS.items())
         assert cfg.sampler_nice == DOOM_CPU_DEFAULTS["sampler_nice"] > 0  # learning on the CPU
         model.save(tmp_path / "doom.pt")
@@ -84,9 +84,13 @@ def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win(tmp_path):
         assert loaded.config == cfg
         encoder = model.policy.encoders[list(model.policy.keys).index("screen")]
         assert isinstance(encoder, ConvEncoder)
-        assert any(isinstance(m, torch.nn.ELU) for m in encoder.modules())
+        acts = {type(m) for m in encoder.modules() if isinstance(m, (torch.nn.ReLU, torch.nn.ELU))}
+        assert acts == {torch.nn.ReLU}  # Sample Factory's stack, ReLU for its ELU
         # Sample Factory's convnet_simple on 128 x 72: 128 channels of 3 x 6 into 512 units
         assert encoder.fc[0].in_features == 128 * 3 * 6
+    # cnn="doom" stays Sample Factory's ELU: a model saved with it before ReLU became the default
+    # is rebuilt as it was trained
+    assert any(isinstance(m, torch.nn.ELU) for m in ConvEncoder((3, 72, 128), hwc=True, name="doom").modules())
     with APPO("VizdoomBasic-v1", device="cpu", verbose=0, use_rnn=False, rollout=16) as model:
         assert not model.config.use_rnn and model.config.rollout == 16
         assert model.config.rnn_size == 512  # the other defaults stay

@@ -163,7 +163,7 @@ def test_frames_scaled_into_a_reused_buffer_equal_a_fresh_scale():
     torch.testing.assert_close(cnn.scale(frames), out, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["nature", "doom"])
+@pytest.mark.parametrize("name", ["nature", "doom", "doom_relu"])
 def test_a_bfloat16_encoder_trains_float32_weights_as_float32_would(name):
     """cnn_precision="bfloat16": the convolutions compute under autocast, yet the features, the
     gradients and the weights Adam steps stay float32, and they match float32's to bfloat16's
