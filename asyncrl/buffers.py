@@ -297,9 +297,9 @@ def load_adam_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
     ("must have same dtype, device, and layout")."""
     optimizer.load_state_dict(state_dict)
     for p, state in optimizer.state.items():
-        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
-            moment = state.get(key)
-            if moment is not None and moment.stride() != p.stride():
+        for key in ("exp_avg", "exp_avg_sq"):
+            moment = state[key]
+            if moment.stride() != p.stride():
                 state[key] = torch.empty_like(p).copy_(moment)  # empty_like keeps p's layout
 
 

@@ -162,8 +162,9 @@ class Config:
         'docs/benchmarks/learning-suite.md: about the same env steps to the target, 2.1x the env '
         'steps/s with "flat").')
     cnn_precision: str = _f(
-        "auto", 'Arithmetic of the "nature", "doom" and "doom_relu" encoders (their convolutions and 512-unit '
-        'layer, the bulk of an image model\'s work) and, on a CPU, of a GRU core behind them: '
+        "auto", 'Arithmetic of the "nature", "doom" and "doom_relu" encoders (their convolutions '
+        'and 512-unit layer, the bulk of an image model\'s work) and, on a CPU, of a GRU core '
+        'behind them: '
         '"bfloat16" runs the encoders under torch.autocast and the GRU\'s matrix products in '
         'bfloat16 (weights, the recurrent state and Adam stay float32; an LSTM and the heads '
         'compute in float32): a learner minibatch 1.4-1.9x faster on a CPU with '
@@ -502,27 +503,26 @@ ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
 
 
 # VizDoom (Vizdoom ids, envs/doom.py): the model and sampling of Sample Factory's VizDoom example
-# (its CNN, convnet_simple, with ReLU for its ELU since 2026-12-04: Sample Factory's 1M-frame
-# return in 0.11-0.29 of its time where ELU took 0.14-0.51 and missed it in 1M frames once, 9
-# seeds over Basic, HealthGatheringSupreme and DefendCenter; and a GRU of 512; rollout 32,
-# batches of 1024, 2 workers x 8
-# envs; clip 0.1, gradient norm 4, Adam eps 1e-6, normalised game variables and returns; its
-# exploration loss, symmetric KL at 0.001, becomes an entropy bonus of 0.001; its GAE lambda,
+# (its CNN, convnet_simple, with ReLU for its ELU since 2026-12-04: Sample Factory's 1M-frame return
+# in 0.11-0.29 of its time where ELU took 0.14-0.51 and missed it in 1M frames once, 9 seeds over
+# Basic, HealthGatheringSupreme and DefendCenter; and a GRU of 512; rollout 32, batches of 1024, 2
+# workers x 8 envs; clip 0.1, gradient norm 4, Adam eps 1e-6, normalised game variables and returns;
+# its exploration loss, symmetric KL at 0.001, becomes an entropy bonus of 0.001; its GAE lambda,
 # V-trace's) and its initial gain of 1 for the policy head. Its optimisation (one epoch of one
 # minibatch at lr 1e-4) did not learn VizdoomBasic-v1 in 1M frames with the head at gain 0.01
 # (return -150, as random play; Sample Factory +80): so small a head passes little policy gradient
-# to the shared CNN and GRU. At gain 1 it does (+64 at 1M frames). Atari's minibatches of 256 at
-# lr 2.5e-4, in 2 epochs (Atari's 4 reached +80 at 242k and 524k frames in two runs at gain 1).
-# The learner is the bottleneck, the rollout and policy workers take about half a core of two:
-# the learner's second thread (as Atari's) trained Basic ~1.2x as many frames a second (seeds
-# 0-2); 2 epochs trained ~1.5x as many as 4 (HealthGatheringSupreme, side by side) and reached
-# Sample Factory's 1M-frame return on Basic in 0.80 and 0.62 of 4 epochs' time (seeds 0, 1, one
-# run after the other), 1 epoch (2 x 16 envs) in 1.03 (seed 0); docs/guides/vizdoom.md. One
-# thread (2026-11-29, after the niceness below) trained HealthGatheringSupreme 1.23x as many
-# frames a second, but the sampling then runs a batch ahead of the learner (policy lag 1.5
-# versions of 8 gradient steps against 0.25), and in 6 seeds of 8 of Basic and
-# HealthGatheringSupreme it took longer to Sample Factory's return (decoupled_clip did not
-# mend it in the one run tried): two threads stay.
+# to the shared CNN and GRU. At gain 1 it does (+64 at 1M frames). Atari's minibatches of 256 at lr
+# 2.5e-4, in 2 epochs (Atari's 4 reached +80 at 242k and 524k frames in two runs at gain 1). The
+# learner is the bottleneck, the rollout and policy workers take about half a core of two: the
+# learner's second thread (as Atari's) trained Basic ~1.2x as many frames a second (seeds 0-2); 2
+# epochs trained ~1.5x as many as 4 (HealthGatheringSupreme, side by side) and reached Sample
+# Factory's 1M-frame return on Basic in 0.80 and 0.62 of 4 epochs' time (seeds 0, 1, one run after
+# the other), 1 epoch (2 x 16 envs) in 1.03 (seed 0); docs/guides/vizdoom.md. One thread
+# (2026-11-29, after the niceness below) trained HealthGatheringSupreme 1.23x as many frames a
+# second, but the sampling then runs a batch ahead of the learner (policy lag 1.5 versions of 8
+# gradient steps against 0.25), and in 6 seeds of 8 of Basic and HealthGatheringSupreme it took
+# longer to Sample Factory's return (decoupled_clip did not mend it in the one run tried): two
+# threads stay.
 DOOM_DEFAULTS = dict(rollout=32, batch_size=1024, minibatch_size=256, num_epochs=2,
                      learning_rate=2.5e-4, adam_eps=1e-6, gamma=0.99, vtrace_lambda=0.95,
                      clip_coef=0.1, ent_coef=0.001, vf_coef=0.5, max_grad_norm=4.0,

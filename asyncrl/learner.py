@@ -366,7 +366,8 @@ class Learner:
 
     def _load_optimizer(self) -> None:
         if os.path.exists(self.files.optimizer):
-            load_adam_state(self.optimizer, torch.load(self.files.optimizer, map_location=self.device))
+            state = torch.load(self.files.optimizer, map_location=self.device)
+            load_adam_state(self.optimizer, state)
             self.hparams_version = None  # re-apply the learning rate
         if os.path.exists(self.files.rng):  # minibatch order continues on resume
             self.rng.set_state(torch.load(self.files.rng))

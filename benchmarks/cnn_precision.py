@@ -27,7 +27,7 @@ from asyncrl.models import ActorCritic
 
 MODELS = {  # name -> (observation shape [H, W, C], Config fields)
     "nature": ((84, 84, 4), dict(cnn="nature")),
-    "doom": ((72, 128, 3), dict(cnn="doom_relu", use_rnn=True, rnn_type="gru", rnn_size=512)),  # the default
+    "doom": ((72, 128, 3), dict(cnn="doom_relu", use_rnn=True, rnn_type="gru", rnn_size=512)),
 }
 ROLLOUT = 32  # a recurrent minibatch is whole trajectories of this length
 

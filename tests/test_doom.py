@@ -90,7 +90,8 @@ def test_doom_ids_get_sample_factorys_doom_defaults_and_keywords_win(tmp_path):
         assert encoder.fc[0].in_features == 128 * 3 * 6
     # cnn="doom" stays Sample Factory's ELU: a model saved with it before ReLU became the default
     # is rebuilt as it was trained
-    assert any(isinstance(m, torch.nn.ELU) for m in ConvEncoder((3, 72, 128), hwc=True, name="doom").modules())
+    elu = ConvEncoder((3, 72, 128), hwc=True, name="doom")
+    assert any(isinstance(m, torch.nn.ELU) for m in elu.modules())
     with APPO("VizdoomBasic-v1", device="cpu", verbose=0, use_rnn=False, rollout=16) as model:
         assert not model.config.use_rnn and model.config.rollout == 16
         assert model.config.rnn_size == 512  # the other defaults stay

@@ -273,8 +273,8 @@ def test_a_learner_resumes_adam_from_a_file_in_the_default_layout(tmp_path):
     conv_weight = next(model.parameters())
     assert state_dict["state"][0]["exp_avg"].stride() != conv_weight.stride()  # default layout
     learner = Learner(CFG, policy_spec=None, device="cpu", buffers=None, weights=None,
-                      optimizer_state=None, shared_hparams=None, ctl=None, queues=Queues(CFG).policy[0],
-                      files=PolicyFiles(str(tmp_path)), serial=True)
+                      optimizer_state=None, shared_hparams=None, ctl=None,
+                      queues=Queues(CFG).policy[0], files=PolicyFiles(str(tmp_path)), serial=True)
     torch.save(state_dict, learner.files.optimizer)
     learner.optimizer = make_learner_optimizer(model, Config())
     learner._load_optimizer()
