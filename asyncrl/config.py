@@ -66,6 +66,15 @@ class Config:
         "bottleneck, it trains on samples up to about this many policy versions old. The "
         "shared buffer holds this many batches of slots plus one per env group (synchronous "
         "PPO: one batch).")
+    spread_first_episodes: bool = _f(
+        False, "Truncate each env's first episode at a point spread over the env's time limit "
+        "(env k of N at (k + 1) / N of it; bootstrapped like any time limit, not logged as an "
+        "episode), so that envs whose episodes all run to the limit do not stay in step (every "
+        "batch would otherwise hold the same stretch of each env's episode). Single-agent envs "
+        "with a time limit (`spec.max_episode_steps` or a TimeLimit wrapper); others unchanged. "
+        "Off by default: measured over 1M env steps it lifts Swimmer (greedy median 54 against "
+        "42, 3 seeds) and leaves Walker2d as it was, but stalls HalfCheetah more often (3 seeds "
+        "of 8 under 2,000 against 1; median 3,018 against 4,046; the learning suite's page).")
     device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "
@@ -423,6 +432,7 @@ class ConfigKwargs(TypedDict, total=False):
     learner_threads: int
     sampler_nice: int
     batches_to_accumulate: int
+    spread_first_episodes: bool
     device: str
     algo: str
     serial_mode: bool

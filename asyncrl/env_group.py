@@ -78,6 +78,9 @@ class EnvGroup:
         self.ep_return = [0.0] * len(envs)
         self.ep_length = [0] * len(envs)
         self.failures = [0] * len(envs)  # restarts since the env last completed a step
+        # the step at which each env's first episode is truncated (0: none; see
+        # Config.spread_first_episodes)
+        self.first_cut = [0] * len(envs)
         # a multi-agent env's episode: the policy of each agent, its last observation (for a
         # rule-based policy), return and length so far, and the episode's index (the mapping's)
         self.policy_of: List[dict] = [{} for _ in envs]

@@ -61,6 +61,19 @@ def make_env_factory(env: Union[str, Callable[[], gym.Env]], env_kwargs: dict = 
     return env
 
 
+def time_limit(env) -> Optional[int]:
+    """The env's time limit in steps: its spec's ``max_episode_steps`` or the outermost
+    gymnasium TimeLimit wrapper's (None: none known)."""
+    spec = getattr(env, "spec", None)
+    if spec is not None and spec.max_episode_steps:
+        return int(spec.max_episode_steps)
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.TimeLimit):
+            return int(env._max_episode_steps)
+        env = env.env
+    return None
+
+
 def eval_env_factory(factory: Callable) -> Callable:
     """The factory of an env for evaluation: Atari ids without episodic life, so an episode is a
     whole game; any other factory as it is."""

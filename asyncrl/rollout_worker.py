@@ -19,6 +19,7 @@ import numpy as np
 from .buffers import Ctl, SharedControl, SlotState, Worker
 from .config import Config
 from .env_group import EnvGroup, SlotPool
+from .env_utils import time_limit
 from .ipc import SLOTS_FREED
 from .messages import PolicyRequest, Report, ReportKind, parse_ready
 from .agent_lanes import AgentLanes, FrozenPolicy
@@ -83,11 +84,23 @@ class RolloutWorker:
                 seed = (cfg.seed + self.worker_idx * cfg.num_envs_per_worker + g * E + i
                         + 7_919 * cfg.num_envs_per_worker * self.incarnation) % 2 ** 31
                 self._started(views, group, i, *self._start_env(group, i, seed))
+                group.first_cut[i] = self._first_cut(group.envs[i], g * E + i)
             self.groups.append(group)
             self._check_masks(views, g)
         self.last_report = time.perf_counter()
         self.last_progress = time.perf_counter()
         self._claim_slots()
+
+    def _first_cut(self, env, i: int) -> int:
+        """The step at which env ``i`` of this worker ends its first episode by truncation
+        (0: none), spread over the env's time limit (``Config.spread_first_episodes``)."""
+        cfg = self.cfg
+        limit = time_limit(env)
+        if not cfg.spread_first_episodes or self.lanes is not None or not limit:
+            return 0
+        k = self.worker_idx * cfg.num_envs_per_worker + i
+        cut = -(-limit * (k + 1) // (cfg.num_workers * cfg.num_envs_per_worker))
+        return cut if cut < limit else 0
 
     def close(self) -> None:
         try:
@@ -185,6 +198,7 @@ class RolloutWorker:
                    dones_out: np.ndarray, truncated_out: np.ndarray, t: int) -> None:
         """Step a group of single-agent envs, writing row t (and the observations of t + 1)."""
         ep_return, ep_length, failures = group.ep_return, group.ep_length, group.failures
+        first_cut = group.first_cut
         (pool,) = self.pools
         for i, env in enumerate(group.envs):
             try:
@@ -193,11 +207,17 @@ class RolloutWorker:
                     failures[i] = 0
                 ep_return[i] += reward
                 ep_length[i] += 1
+                cut = first_cut[i] and ep_length[i] >= first_cut[i] and not (terminated or truncated)
+                truncated = truncated or cut
                 done = terminated or truncated
                 if done:
+                    first_cut[i] = 0
                     # An env may end learning episodes inside one game (Atari's episodic
-                    # life): the logged return is the whole game's, until info["game_over"].
-                    if info.get("game_over", True):
+                    # life): the logged return is the whole game's, until info["game_over"]. A
+                    # first episode cut short is not logged (a part of one).
+                    if cut:
+                        ep_return[i], ep_length[i] = 0.0, 0
+                    elif info.get("game_over", True):
                         self.episodes.append((ep_return[i], ep_length[i]))
                         ep_return[i], ep_length[i] = 0.0, 0
                     obs, info = env.reset()
@@ -220,7 +240,7 @@ class RolloutWorker:
         obs, info = self._start_env(group, i, seed=int(np.random.randint(2 ** 31)))
         for pool, s in zip(self.pools, group.slots):
             pool.versions_np[s.slot_idx, :t + 1, i * pool.lanes:(i + 1) * pool.lanes] = -1
-        group.ep_return[i], group.ep_length[i] = 0.0, 0
+        group.ep_return[i], group.ep_length[i], group.first_cut[i] = 0.0, 0, 0
         return obs, info, 0.0, True, True, False
 
     def _started(self, views: List[dict], group: EnvGroup, i: int, obs, info) -> None:

@@ -401,3 +401,34 @@ class NeverEndsEnv(BoxActionEnv):
 
 def never_ends_env():
     return NeverEndsEnv()
+
+
+class RecordsEpisodeLengths(gym.Env):
+    """No terminal state (the time limit ends every episode); writes the lengths of the
+    episodes it played, in order, to a file of ``out_dir`` named after its process when closed."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, out_dir: str):
+        self.out_dir, self.lengths, self.t = out_dir, [], None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.t is not None:
+            self.lengths.append(self.t)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+    def close(self):
+        if os.path.isdir(self.out_dir):
+            with open(os.path.join(self.out_dir, f"{os.getpid()}-{id(self)}"), "w") as f:
+                f.write(" ".join(map(str, self.lengths)))
+
+
+def records_episode_lengths(out_dir: str, limit: int):
+    return lambda: gym.wrappers.TimeLimit(RecordsEpisodeLengths(out_dir), limit)

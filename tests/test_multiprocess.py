@@ -9,12 +9,14 @@ import sys
 import threading
 import time
 
+import gymnasium as gym
 import psutil
 import pytest
 import torch
 
 import custom_envs
 from asyncrl import APPO, WorkerError
+from asyncrl.env_utils import time_limit
 
 SMALL = dict(num_workers=2, num_envs_per_worker=4, rollout=16, batch_size=256, minibatch_size=128,
              device="cpu", seed=0, verbose=0)
@@ -313,3 +315,33 @@ def test_importing_asyncrl_starts_the_fork_server_in_the_main_process_only(tmp_p
             break
         time.sleep(0.1)
     assert not left
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("spread", [True, False])
+def test_envs_with_a_time_limit_start_spread_over_it(tmp_path, spread):
+    """Every episode runs to the limit: env k of N cuts its first episode at (k + 1) / N of the
+    limit (the last one plays it whole), so the envs do not stay in step; the cut episodes are
+    not logged. Off, every env plays whole episodes from the start, in step."""
+    limit, n = 40, SMALL["num_workers"] * SMALL["num_envs_per_worker"]
+    out = tmp_path / "lengths"
+    out.mkdir()
+    with APPO(custom_envs.records_episode_lengths(str(out), limit), spread_first_episodes=spread,
+              **SMALL) as model:
+        assert model.config.spread_first_episodes is spread
+        model.train(2_000)
+        episodes = model.logger.num_episodes
+        assert episodes > 0 and model.logger.ep_rew_mean == limit  # only whole episodes
+    played = [[int(x) for x in p.read_text().split()] for p in out.iterdir()]
+    played = [lengths for lengths in played if lengths]  # not the main process's probe
+    assert len(played) == n
+    firsts = sorted(lengths[0] for lengths in played)
+    want = [-(-limit * (k + 1) // n) for k in range(n)] if spread else [limit] * n
+    assert firsts == want
+    assert all(length == limit for lengths in played for length in lengths[1:])
+
+
+def test_the_time_limit_read_from_the_spec_or_the_wrapper():
+    assert time_limit(gym.make("Pendulum-v1")) == 200
+    assert time_limit(gym.wrappers.TimeLimit(gym.make("Pendulum-v1").unwrapped, 7)) == 7
+    assert time_limit(gym.make("Pendulum-v1").unwrapped) is None
