@@ -207,7 +207,8 @@ class RolloutWorker:
                     failures[i] = 0
                 ep_return[i] += reward
                 ep_length[i] += 1
-                cut = first_cut[i] and ep_length[i] >= first_cut[i] and not (terminated or truncated)
+                cut = (first_cut[i] and ep_length[i] >= first_cut[i]
+                       and not (terminated or truncated))
                 truncated = truncated or cut
                 done = terminated or truncated
                 if done:
