@@ -355,11 +355,10 @@ class Config:
         check(isinstance(self.hidden_sizes, tuple) and len(self.hidden_sizes) >= 1
               and all(is_int(h) and h >= 1 for h in self.hidden_sizes), "hidden_sizes",
               "must be a non-empty tuple of positive integers, e.g. (64, 64)")
-        for name in ("serial_mode", "normalize_advantages", "bootstrap_truncation", "decoupled_clip",
-                     "normalize_obs", "normalize_returns"):
-            check(isinstance(getattr(self, name), bool), name, "must be True or False")
+        for f in dataclasses.fields(self):  # every switch, read off its annotation
+            if f.type in ("bool", bool):
+                check(isinstance(getattr(self, f.name), bool), f.name, "must be True or False")
         check(self.activation in ("tanh", "relu"), "activation", 'must be "tanh" or "relu"')
-        check(isinstance(self.use_rnn, bool), "use_rnn", "must be True or False")
         check(self.rnn_type in ("gru", "lstm"), "rnn_type", 'must be "gru" or "lstm"')
         check(is_int(self.rnn_size) and self.rnn_size >= 1, "rnn_size", "must be an integer >= 1")
         check(self.cnn in CNNS, "cnn", f"must be one of {CNNS}")

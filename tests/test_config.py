@@ -326,3 +326,16 @@ def test_a_model_that_fails_to_build_leaves_no_scratch_folder():
     with pytest.raises(ConfigError, match="net_arch") as error:  # kept, as a notebook keeps it
         APPO("CartPole-v1", policy_kwargs={"net_arch": "wide"})  # fails building the model
     assert mine() == before and error.traceback  # (its frames hold the half-built model)
+
+
+@pytest.mark.timeout(30)
+def test_every_switch_must_be_a_bool():
+    """Each bool field of Config refuses a string or a number, naming itself (a "yes" must not
+    read as True, nor 0 as False)."""
+    switches = [f.name for f in dataclasses.fields(Config) if f.type in ("bool", bool)]
+    assert {"spread_first_episodes", "centralized_critic", "use_rnn"} <= set(switches)
+    for name in switches:
+        with pytest.raises(ConfigError, match=rf"{name}='yes': must be True or False"):
+            Config.from_kwargs({name: "yes"})
+        with pytest.raises(ConfigError, match=rf"{name}=0: must be True or False"):
+            Config.from_kwargs({name: 0})
