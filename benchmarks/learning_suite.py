@@ -158,6 +158,19 @@ CASES: Dict[str, Case] = {
     "bipedalwalker": Case("BipedalWalker-v3", 2_000_000, 250, "heldout"),
     "minigrid-lavagap": Case(se.minigrid_lavagap, 500_000, 0.9, "heldout"),
     "minigrid-dynamic-obstacles": Case(se.minigrid_dynamic_obstacles, 500_000, 0.9, "heldout"),
+    # Held out, second round (2026-12-04): five more envs no default was tuned on, added with
+    # their targets before any run of them. InvertedPendulum and MountainCarContinuous at
+    # Gymnasium's reward_threshold (950, 90; MountainCarContinuous pays -0.1 a step for the
+    # squared force, +100 at the flag: a policy that does nothing scores ~0, the trap of
+    # continuous exploration); SimpleCrossingS9N1 0.9 (1 - 0.9 steps / 324: the goal within 36
+    # steps); NASim SmallHoneypot and SmallLinear 170, as medium (two sensitive hosts of 100 less
+    # the actions' costs, the honeypot's -100 avoided; a line of subnets makes a longer chain
+    # than small's 180).
+    "inverted-pendulum": Case("InvertedPendulum-v5", 300_000, 950, "heldout2"),
+    "mountaincar-continuous": Case("MountainCarContinuous-v0", 500_000, 90, "heldout2"),
+    "minigrid-crossing": Case(se.minigrid_crossing, 1_000_000, 0.9, "heldout2"),
+    "nasim-small-honeypot": Case(se.nasim_small_honeypot, 1_000_000, 170, "heldout2"),
+    "nasim-small-linear": Case(se.nasim_small_linear, 1_000_000, 170, "heldout2"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the issue's mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -432,7 +445,8 @@ def summarise(runs: List[dict], libs: List[str]) -> str:
 FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", "minigrid": "MiniGrid",
             "nasim": "NASim (network penetration testing)", "toy_text": "Toy text",
             "memory": "popgym memory tasks (GRU)", "multiagent": "Multi-agent", "atari": "Atari",
-            "heldout": "Held out (added after the defaults were set)", "doom": "VizDoom"}
+            "heldout": "Held out (added after the defaults were set)",
+            "heldout2": "Held out, second round (2026-12-04)", "doom": "VizDoom"}
 
 
 def readme_table(runs: List[dict]) -> str:

@@ -43,6 +43,10 @@ def minigrid_dynamic_obstacles():
     return minigrid("MiniGrid-Dynamic-Obstacles-5x5-v0")
 
 
+def minigrid_crossing():
+    return minigrid("MiniGrid-SimpleCrossingS9N1-v0")
+
+
 def cliffwalking():
     """Gymnasium's CliffWalking (``Discrete(48)`` states): it has no time limit of its own (a
     fall sends the agent back to the start), so episodes end at 200 steps here."""
@@ -81,6 +85,16 @@ def nasim_medium():
 
 def nasim_medium_md():
     return nasim("MediumVA-v0")
+
+
+def nasim_small_honeypot():
+    """NASim small with a honeypot: host (3, 2) is worth -100 once compromised."""
+    return nasim("SmallHoneypot-v0")
+
+
+def nasim_small_linear():
+    """NASim small with its subnets in a line: the sensitive hosts (3, 0) and (4, 0) at its end."""
+    return nasim("SmallLinear-v0")
 
 
 def taxi():
