@@ -41,3 +41,49 @@ def test_variants_train_on_cuda(overrides):
         assert model.num_timesteps >= 30_000
         mean_return, _ = model.evaluate(3)
         assert np.isfinite(mean_return)
+
+
+def _adam_steps(model) -> int:
+    state = model.get_parameters()["policy.optimizer"]["state"]
+    return int(next(iter(state.values()))["step"])
+
+
+@pytest.mark.timeout(240)
+def test_an_image_model_resumes_adam_on_cuda_after_a_killed_learner_and_a_load(tmp_path):
+    """The Nature CNN's convolution weights are channels-last; Adam's moments handed on flat (a
+    replacement learner reads them from shared memory) or loaded from a file come back in the
+    default layout, which the fused CUDA kernel refuses at the first step (resuming Pong on a
+    lent H200 failed so). Both ways the learner goes on from Adam's state of the weights kept:
+    its step count stays the updates' count."""
+    import os
+    import signal
+
+    from custom_envs import tiny_image_env
+    from test_worker_faults import children_named
+
+    cfg = dict(device="cuda", seed=0, verbose=0, num_workers=2, num_envs_per_worker=4, rollout=16,
+               batch_size=256, minibatch_size=128, target_kl=None, worker_timeout=30)
+    state = {}
+
+    def kill_the_learner_once(m):
+        if m.num_timesteps > 0 and "steps" not in state:
+            state["steps"] = m.num_timesteps
+            os.kill(children_named("learner")[0].pid, signal.SIGKILL)
+        elif "steps" in state and m.num_timesteps >= state["steps"] + 10 * cfg["batch_size"]:
+            return False
+
+    with APPO(tiny_image_env, **cfg) as model:
+        per_update = model.config.num_epochs * cfg["batch_size"] // cfg["minibatch_size"]
+        model.train(10 ** 7, callback=kill_the_learner_once, callback_interval=0.1)
+        assert model.logger.worker_restarts == 1
+        assert model.num_timesteps >= state["steps"] + 10 * cfg["batch_size"]
+        assert _adam_steps(model) == model.policy_version * per_update
+        model.save(tmp_path / "image.pt")
+    loaded = APPO.load(tmp_path / "image.pt", device="cuda")
+    try:
+        version = loaded.policy_version
+        loaded.train(2048)
+        assert loaded.policy_version > version
+        assert _adam_steps(loaded) == loaded.policy_version * per_update
+    finally:
+        loaded.close()
