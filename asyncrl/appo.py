@@ -502,10 +502,10 @@ class APPO:
              **overrides) -> Model:
         """Rebuild a model (of this class) from :meth:`save`; ``overrides`` replace config
         fields. The fields the machine implied (``config.MACHINE_FIELDS``: the layout, the
-        batch it implies, a CPU learner's presets), unless the model's caller set them, are
+        batch it implies, a CPU learner's preset), unless the model's caller set them, are
         derived for this machine and ``device`` again, as a new model's are; where that clashes
-        with a field the caller set (a batch size that a CPU's synchronous Atari layout cannot
-        make), the saved values are kept, with a warning naming them."""
+        with a field the caller set (a batch size that this machine's layout cannot make), the
+        saved values are kept, with a warning naming them."""
         try:
             blob = torch.load(path, map_location="cpu", weights_only=False)
             factory = env if env is not None else pickling.restored(blob["env_factory"])

@@ -499,16 +499,37 @@ ATARI_DEFAULTS = dict(rollout=128, learning_rate=2.5e-4, gamma=0.99, vtrace_lamb
                       reward_clip=1.0, learner_threads=2, normalize_returns=False, target_kl=None,
                       advantage_std_floor=0.0)
 ATARI_BATCH_SIZE = 1024  # rounded to a multiple of the slot size
-# ... and with no GPU to learn on: synchronous (as Sample Factory's Atari preset, async_rl=False).
-# The CNN's backward pass is then the bottleneck, and it runs fastest with the cores to itself:
-# sampling and learning in turn beat sampling beside learning, and the policy lag is 0. Rollout 64:
-# 16 envs make CleanRL's batch of 1024.
-ATARI_CPU_DEFAULTS = dict(algo="ppo", rollout=64)
-# While they sample, synchronously, the rollout and policy workers have the cores to themselves:
-# with two cores, one rollout worker of 16 envs and the policy worker take one each, where two
-# rollout workers of 8 and the policy worker preempt one another (Pong, 2 cores, side by side:
-# see docs/guides/atari.md). The same algorithm, 16 envs and batch. With more cores, 2 x 8.
-ATARI_CPU_FEW_CORES_LAYOUT = dict(num_workers=1, num_envs_per_worker=16)
+# ... and unless the caller asks for another algo, on any device: synchronous (as Sample Factory's
+# Atari preset, async_rl=False), one rollout of 64 steps from ATARI_ENVS envs = CleanRL's batch of
+# 1024. On a CPU the CNN's backward pass is the bottleneck, and it runs fastest with the cores to
+# itself: sampling and learning in turn beat sampling beside learning, and the policy lag is 0
+# (Pong, 2 cores: +18 within 10M frames in seeds 0-2, at 8.3M-9.8M). On a GPU the same batch
+# learns Pong as on the CPU per frame where the asynchronous preset (rollout 128 over the GPU
+# layout, 28 envs) does not: on a lent H200 (16 cores, 8 x 2, seed 0) +18 at 8.8M frames in 481 s,
+# ~4,550 env steps/s; the asynchronous preset at ~8,460 env steps/s had +2.4 at 10M frames (303 s,
+# a lent H100) and was behind from ~250 s on (docs/guides/atari.md, "On a GPU").
+ATARI_SYNC_DEFAULTS = dict(algo="ppo", rollout=64)
+ATARI_ENVS = 16
+
+
+def atari_layout(cores: int, num_workers: Optional[int] = None,
+                 num_envs_per_worker: Optional[int] = None) -> dict:
+    """The synchronous Atari preset's ATARI_ENVS envs over rollout workers: a worker per core but
+    two (the policy worker's and the learner's), as many as divide the envs into at least 2 a
+    worker (the two groups): one of 16 on up to 3 cores, 2 x 8 on 4, 4 x 4 on 6, 8 x 2 from 10.
+    With two cores the rollout worker and the policy worker then sample on one core each, where
+    two rollout workers and the policy worker preempt one another (Pong, 2 cores, side by side:
+    docs/guides/atari.md). A count the caller gave is kept; the other keeps the 16 envs."""
+    if num_workers:
+        return dict(num_workers=num_workers,
+                    num_envs_per_worker=num_envs_per_worker or max(2, ATARI_ENVS // num_workers // 2 * 2))
+    if num_envs_per_worker:
+        return dict(num_workers=max(1, ATARI_ENVS // num_envs_per_worker),
+                    num_envs_per_worker=num_envs_per_worker)
+    workers = 1
+    while workers * 2 <= min(cores - 2, ATARI_ENVS // 2):
+        workers *= 2
+    return dict(num_workers=workers, num_envs_per_worker=ATARI_ENVS // workers)
 
 
 # VizDoom (Vizdoom ids, envs/doom.py): the model and sampling of Sample Factory's VizDoom example
@@ -647,11 +668,10 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
                   multi_agent: bool = False, turn_based: bool = False) -> dict:
     """The caller's keywords, over the values that the env ``family`` (``envs.env_family``) and the
     algorithm variant imply: a family gets FAMILY_DEFAULTS[family], "doom" DOOM_DEFAULTS; Atari
-    gets ATARI_DEFAULTS (and ATARI_CPU_DEFAULTS when ``cpu_only``, no GPU will learn, and
-    the caller chose no ``algo``; on at most two ``cores``, default: available_cores(), also
-    ATARI_CPU_FEW_CORES_LAYOUT unless the caller set ``num_workers`` or
-    ``num_envs_per_worker``), Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a GPU (not
-    ``cpu_only``), ``gpu_layout`` for the cores sets whichever of the two counts is not set;
+    gets ATARI_DEFAULTS, and unless the caller chose another ``algo``, on any device,
+    ATARI_SYNC_DEFAULTS with ``atari_layout`` for the ``cores`` (default: available_cores());
+    Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a GPU (not ``cpu_only``), ``gpu_layout`` for
+    the cores sets whichever of the two counts is not set;
     without a family, the kind of ``actions`` (``ActionDistribution.kind``) gets its
     ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them;
     IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
@@ -665,15 +685,16 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
                   {**ACTION_DEFAULTS[actions], **(TURN_BASED_DEFAULTS if turn_based else {})})
     if family == "doom" and cpu_only:
         preset.update(DOOM_CPU_DEFAULTS)
-    if atari and cpu_only and "algo" not in kwargs:
-        preset.update(ATARI_CPU_DEFAULTS)
-        if "num_workers" not in kwargs and "num_envs_per_worker" not in kwargs and cores <= 2:
-            preset.update(ATARI_CPU_FEW_CORES_LAYOUT)
+    layout_names = ("num_workers", "num_envs_per_worker")
+    if atari and kwargs.get("algo", "ppo") == "ppo":
+        preset.update(ATARI_SYNC_DEFAULTS)
+        given = {n: kwargs[n] for n in layout_names if n in kwargs}
+        if _positive_ints(list(given.values())):  # else: left to validation
+            preset.update(atari_layout(cores, **given))
     merged = {**preset, **kwargs}
     algo = merged.get("algo", "appo")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     get = lambda name: merged.get(name, defaults[name])  # noqa: E731
-    layout_names = ("num_workers", "num_envs_per_worker")
     if not cpu_only and not all(n in merged for n in layout_names):
         counts = [get(n) for n in ("rollout", "batch_size", "lanes_per_env")]
         given = {n: merged[n] for n in layout_names if n in merged}
@@ -704,11 +725,11 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     return {**preset, **implied, **kwargs}
 
 
-# The fields whose defaults with_defaults derives from the machine: the CPU-learner presets, the
-# GPU layout's counts, and the batch and minibatch implied from the layout. A saved model's values
+# The fields whose defaults with_defaults derives from the machine: the CPU-learner preset (Doom's),
+# the layout's counts (the GPU's, Atari's), and the batch and minibatch implied from the layout. A saved model's values
 # of these that its caller did not set are derived again where it is loaded.
-MACHINE_FIELDS = frozenset({*DOOM_CPU_DEFAULTS, *ATARI_CPU_DEFAULTS, *ATARI_CPU_FEW_CORES_LAYOUT,
-                            "num_workers", "num_envs_per_worker", "batch_size", "minibatch_size"})
+MACHINE_FIELDS = frozenset({*DOOM_CPU_DEFAULTS, "num_workers", "num_envs_per_worker", "batch_size",
+                            "minibatch_size"})
 
 
 def portable(config: dict, set_by_caller: Optional[Iterable[str]]) -> dict:

@@ -131,7 +131,8 @@ def main() -> None:
             raise SystemExit(143)
         finally:
             signal.signal(signal.SIGTERM, previous)
-        record(model)
+        if not rows or rows[-1][2] != model.num_timesteps:  # the target's callback recorded it
+            record(model)
         model.save(args.out + ".pt")
         for path in (ckpt, state_path):  # finished: the checkpoint is the final model now
             if os.path.exists(path):

@@ -97,23 +97,28 @@ def test_pong_smoke_run_in_worker_processes():
 
 
 def test_atari_defaults_apply_to_ale_ids_and_yield_to_the_caller():
-    from asyncrl.config import ATARI_CPU_DEFAULTS, ATARI_DEFAULTS, with_defaults
-    # With a GPU to learn on (cpu_only False): asynchronous, batch 1024.
-    cfg = Config.from_kwargs(with_defaults({}, family="atari", cpu_only=False))
+    from asyncrl.config import ATARI_DEFAULTS, ATARI_SYNC_DEFAULTS, with_defaults
+    # On any device: synchronous, one rollout of 16 envs = CleanRL's batch of 1024, the envs over
+    # a rollout worker per core but two (one of 16 on two cores), unless the caller chose a layout.
+    for cpu_only in (True, False):
+        for cores, layout in ((1, (1, 16)), (2, (1, 16)), (4, (2, 8)), (6, (4, 4)), (16, (8, 2)),
+                              (64, (8, 2))):
+            cfg = Config.from_kwargs(with_defaults({}, family="atari", cpu_only=cpu_only, cores=cores))
+            for name, value in {**ATARI_DEFAULTS, **ATARI_SYNC_DEFAULTS}.items():
+                assert getattr(cfg, name) == value, name
+            assert (cfg.num_workers, cfg.num_envs_per_worker) == layout, cores
+            assert cfg.algo == "ppo" and cfg.batch_size == 1024 and cfg.num_slots == 2 * layout[0]
+    # a count the caller gives is kept, the other keeps the 16 envs where it can
+    for given, layout in (({"num_envs_per_worker": 4}, (4, 4)), ({"num_workers": 2}, (2, 8)),
+                          ({"num_workers": 3}, (3, 4))):
+        cfg = Config.from_kwargs(with_defaults(given, family="atari", cpu_only=True, cores=2))
+        assert (cfg.num_workers, cfg.num_envs_per_worker) == layout, given
+        assert cfg.batch_size == layout[0] * layout[1] * 64
+    # asynchronous when asked for: the preset's rollout 128 and batch 1024, the GPU's layout
+    cfg = Config.from_kwargs(with_defaults({"algo": "appo"}, family="atari", cpu_only=False, cores=16))
     for name, value in ATARI_DEFAULTS.items():
         assert getattr(cfg, name) == value, name
-    assert cfg.algo == "appo" and cfg.batch_size == 1024 and cfg.batch_size % cfg.slot_size == 0
-    # On a CPU: synchronous, one rollout of 16 envs = CleanRL's batch of 1024; on two cores one
-    # rollout worker of 16 envs, on more two of 8, unless the caller chose a layout.
-    for cores, layout in ((1, (1, 16)), (2, (1, 16)), (4, (2, 8)), (64, (2, 8))):
-        cfg = Config.from_kwargs(with_defaults({}, family="atari", cpu_only=True, cores=cores))
-        for name, value in {**ATARI_DEFAULTS, **ATARI_CPU_DEFAULTS}.items():
-            assert getattr(cfg, name) == value, name
-        assert (cfg.num_workers, cfg.num_envs_per_worker) == layout, cores
-        assert cfg.algo == "ppo" and cfg.batch_size == 1024 and cfg.num_slots == 2 * layout[0]
-    cfg = Config.from_kwargs(with_defaults({"num_envs_per_worker": 4}, family="atari", cpu_only=True,
-                                           cores=2))
-    assert (cfg.num_workers, cfg.num_envs_per_worker, cfg.batch_size) == (2, 4, 512)
+    assert (cfg.algo, cfg.num_workers, cfg.num_envs_per_worker, cfg.batch_size) == ("appo", 14, 2, 1024)
     with APPO("ALE/Pong-v5", verbose=0, device="cpu") as model:  # this machine's cores
         expected = Config.from_kwargs(with_defaults({"device": "cpu", "verbose": 0}, family="atari",
                                                     cpu_only=True))
@@ -177,21 +182,29 @@ def test_same_observations_as_gymnasiums_reference_wrappers(env_id):
     ref.close()
 
 
-def test_an_atari_model_saved_where_a_gpu_learns_loads_with_a_cpus_preset(tmp_path, machine):
-    """Saved on a 16-core machine with a GPU (asynchronous, 14 x 2), loaded on a 2-core CPU: the
-    CPU's synchronous preset, as a new model there. A batch the caller set that the CPU's layout
-    cannot make (synchronous PPO's batch is one rollout of every env) keeps the saved values, and
-    says so."""
+def test_an_atari_model_saved_where_a_gpu_learns_loads_with_a_cpus_layout(tmp_path, machine):
+    """Saved on a 16-core machine with a GPU (synchronous, 8 x 2), loaded on a 2-core CPU: the
+    CPU's layout (one worker of 16), as a new model there; the same algorithm and batch. One
+    trained asynchronously as asked keeps that. A batch the caller set that the CPU's layout
+    cannot make (a multiple of the slot) keeps the saved values, and says so."""
     machine(True, 16)
-    with APPO("ALE/Pong-v5", verbose=0) as model, APPO("ALE/Pong-v5", verbose=0, batch_size=2048) as big:
-        assert (model.config.algo, model.config.num_workers, model.config.num_envs_per_worker) == ("appo", 14, 2)
-        model.save(tmp_path / "gpu.pt")
-        big.save(tmp_path / "big.pt")
+    with APPO("ALE/Pong-v5", verbose=0) as model, \
+            APPO("ALE/Pong-v5", verbose=0, algo="appo") as asked, \
+            APPO("ALE/Pong-v5", verbose=0, algo="appo", batch_size=1792) as big:
+        assert (model.config.algo, model.config.num_workers, model.config.num_envs_per_worker) == ("ppo", 8, 2)
+        assert (asked.config.num_workers, asked.config.num_envs_per_worker) == (14, 2)
+        assert (big.config.num_workers, big.config.num_envs_per_worker) == (14, 4)
+        for m, name in ((model, "gpu"), (asked, "asked"), (big, "big")):
+            m.save(tmp_path / f"{name}.pt")
     machine(False, 2)
     with APPO.load(tmp_path / "gpu.pt") as cpu:
         cfg = cpu.config
-        assert (cfg.algo, cfg.rollout, cfg.num_workers, cfg.num_envs_per_worker) == ("ppo", 64, 1, 16)
+        assert (cfg.algo, cfg.rollout, cfg.num_workers, cfg.num_envs_per_worker, cfg.batch_size) == \
+            ("ppo", 64, 1, 16, 1024)
+    with APPO.load(tmp_path / "asked.pt") as cpu:
+        cfg = cpu.config
+        assert (cfg.algo, cfg.rollout, cfg.num_workers, cfg.num_envs_per_worker) == ("appo", 128, 2, 8)
     with pytest.warns(UserWarning, match="clashes with the fields the model's caller set"):
         kept = APPO.load(tmp_path / "big.pt")
     with kept:
-        assert (kept.config.algo, kept.config.batch_size, kept.config.num_workers) == ("appo", 2048, 14)
+        assert (kept.config.algo, kept.config.batch_size, kept.config.num_workers) == ("appo", 1792, 14)
