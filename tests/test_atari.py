@@ -114,6 +114,9 @@ def test_atari_defaults_apply_to_ale_ids_and_yield_to_the_caller():
         cfg = Config.from_kwargs(with_defaults(given, family="atari", cpu_only=True, cores=2))
         assert (cfg.num_workers, cfg.num_envs_per_worker) == layout, given
         assert cfg.batch_size == layout[0] * layout[1] * 64
+    # algo="ppo" asked for is the same preset
+    assert with_defaults({"algo": "ppo"}, family="atari", cores=16) == \
+        {**with_defaults({}, family="atari", cores=16), "algo": "ppo"}
     # asynchronous when asked for: the preset's rollout 128 and batch 1024, the GPU's layout
     cfg = Config.from_kwargs(with_defaults({"algo": "appo"}, family="atari", cpu_only=False, cores=16))
     for name, value in ATARI_DEFAULTS.items():
