@@ -521,8 +521,8 @@ def atari_layout(cores: int, num_workers: Optional[int] = None,
     two rollout workers and the policy worker preempt one another (Pong, 2 cores, side by side:
     docs/guides/atari.md). A count the caller gave is kept; the other keeps the 16 envs."""
     if num_workers:
-        return dict(num_workers=num_workers,
-                    num_envs_per_worker=num_envs_per_worker or max(2, ATARI_ENVS // num_workers // 2 * 2))
+        envs = num_envs_per_worker or max(2, ATARI_ENVS // num_workers // 2 * 2)
+        return dict(num_workers=num_workers, num_envs_per_worker=envs)
     if num_envs_per_worker:
         return dict(num_workers=max(1, ATARI_ENVS // num_envs_per_worker),
                     num_envs_per_worker=num_envs_per_worker)
@@ -726,8 +726,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
 
 
 # The fields whose defaults with_defaults derives from the machine: the CPU-learner preset (Doom's),
-# the layout's counts (the GPU's, Atari's), and the batch and minibatch implied from the layout. A saved model's values
-# of these that its caller did not set are derived again where it is loaded.
+# the layout's counts (the GPU's, Atari's), and the batch and minibatch implied from the layout. A
+# saved model's values of these that its caller did not set are derived again where it is loaded.
 MACHINE_FIELDS = frozenset({*DOOM_CPU_DEFAULTS, "num_workers", "num_envs_per_worker", "batch_size",
                             "minibatch_size"})
 
