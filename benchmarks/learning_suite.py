@@ -493,6 +493,9 @@ def readme_table(runs: List[dict]) -> str:
     return "\n".join(rows)
 
 
+PLOT_COLUMNS = 6
+
+
 def plot(runs: List[dict], path: str) -> None:
     try:
         import matplotlib
@@ -505,26 +508,35 @@ def plot(runs: List[dict], path: str) -> None:
     if not names:
         return
     colours = {}
-    fig, axes = plt.subplots(2, len(names), figsize=(3.6 * len(names), 6.4), squeeze=False)
-    for col, name in enumerate(names):
+    cols = min(PLOT_COLUMNS, len(names))  # each env: its curve against env steps above wall time
+    grid = -(-len(names) // cols)
+    fig, axes = plt.subplots(2 * grid, cols, figsize=(3.6 * cols, 6.4 * grid), squeeze=False)
+    for i, name in enumerate(names):
+        by_steps, by_time = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
         for r in (r for r in runs if r["env"] == name):
             c = colours.setdefault(r["label"], f"C{len(colours)}")
             pts = [(s, t, v) for s, t, v, *_ in r["curve"] if v == v]
             if pts:
                 s, t, v = zip(*pts)
-                axes[0][col].plot(s, v, color=c, lw=1, label=r["label"])
-                axes[1][col].plot(t, v, color=c, lw=1, label=r["label"])
-        for row in (0, 1):
-            axes[row][col].axhline(CASES[name].target, color="grey", ls=":", lw=1)
-        axes[0][col].set_title(name)
-        axes[0][col].set_xlabel("env steps")
-        axes[1][col].set_xlabel("wall seconds (start-up included)")
-    axes[0][0].set_ylabel("training return")
-    axes[1][0].set_ylabel("training return")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    uniq = dict(zip(labels, handles))
-    fig.legend(uniq.values(), uniq.keys(), loc="upper right")
-    fig.tight_layout()
+                by_steps.plot(s, v, color=c, lw=1, label=r["label"])
+                by_time.plot(t, v, color=c, lw=1, label=r["label"])
+        for ax in (by_steps, by_time):
+            ax.axhline(CASES[name].target, color="grey", ls=":", lw=1)
+        by_steps.set_title(name)
+        by_steps.ticklabel_format(axis="x", style="sci", scilimits=(3, 3))  # 1e3 env steps
+        by_steps.set_xlabel("env steps")
+        by_time.set_xlabel("wall seconds (start-up included)")
+    for i in range(len(names), grid * cols):
+        axes[2 * (i // cols)][i % cols].axis("off")
+        axes[2 * (i // cols) + 1][i % cols].axis("off")
+    for row in axes:
+        row[0].set_ylabel("training return")
+    uniq = {}  # every library's line, whichever env it first appears in
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            uniq.setdefault(label, handle)
+    fig.legend(uniq.values(), uniq.keys(), loc="upper center", ncol=len(uniq))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))  # room for the legend
     fig.savefig(path, dpi=90)
     print("wrote", path)
 
