@@ -685,21 +685,19 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
                   {**ACTION_DEFAULTS[actions], **(TURN_BASED_DEFAULTS if turn_based else {})})
     if family == "doom" and cpu_only:
         preset.update(DOOM_CPU_DEFAULTS)
-    layout_names = ("num_workers", "num_envs_per_worker")
-    if atari and kwargs.get("algo", "ppo") == "ppo":
+    sync_atari = atari and kwargs.get("algo", "ppo") == "ppo"
+    if sync_atari:
         preset.update(ATARI_SYNC_DEFAULTS)
-        given = {n: kwargs[n] for n in layout_names if n in kwargs}
-        if _positive_ints(list(given.values())):  # else: left to validation
-            preset.update(atari_layout(cores, **given))
     merged = {**preset, **kwargs}
     algo = merged.get("algo", "appo")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     get = lambda name: merged.get(name, defaults[name])  # noqa: E731
-    if not cpu_only and not all(n in merged for n in layout_names):
+    layout_names = ("num_workers", "num_envs_per_worker")
+    if (sync_atari or not cpu_only) and not all(n in merged for n in layout_names):
         counts = [get(n) for n in ("rollout", "batch_size", "lanes_per_env")]
         given = {n: merged[n] for n in layout_names if n in merged}
         if _positive_ints(counts + list(given.values())):  # else: left to validation
-            layout = gpu_layout(cores, *counts, **given)
+            layout = atari_layout(cores, **given) if sync_atari else gpu_layout(cores, *counts, **given)
             preset.update({k: v for k, v in layout.items() if v != defaults[k] and k not in given})
             merged = {**preset, **kwargs}
     counts = [get(n) for n in ("num_workers", "num_envs_per_worker", "rollout", "minibatch_size",

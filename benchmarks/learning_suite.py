@@ -511,8 +511,9 @@ def plot(runs: List[dict], path: str) -> None:
     cols = min(PLOT_COLUMNS, len(names))  # each env: its curve against env steps above wall time
     grid = -(-len(names) // cols)
     fig, axes = plt.subplots(2 * grid, cols, figsize=(3.6 * cols, 6.4 * grid), squeeze=False)
+    cell = lambda i: (axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols])  # noqa: E731
     for i, name in enumerate(names):
-        by_steps, by_time = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
+        by_steps, by_time = cell(i)
         for r in (r for r in runs if r["env"] == name):
             c = colours.setdefault(r["label"], f"C{len(colours)}")
             pts = [(s, t, v) for s, t, v, *_ in r["curve"] if v == v]
@@ -527,8 +528,8 @@ def plot(runs: List[dict], path: str) -> None:
         by_steps.set_xlabel("env steps")
         by_time.set_xlabel("wall seconds (start-up included)")
     for i in range(len(names), grid * cols):
-        axes[2 * (i // cols)][i % cols].axis("off")
-        axes[2 * (i // cols) + 1][i % cols].axis("off")
+        for ax in cell(i):
+            ax.axis("off")
     for row in axes:
         row[0].set_ylabel("training return")
     uniq = {}  # every library's line, whichever env it first appears in

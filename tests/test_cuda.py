@@ -1,11 +1,17 @@
 """The engine on a GPU: policy workers and learners on CUDA (pinned staging buffers, weights
 shared through CPU memory), checkpoints that load on a machine without one. Skipped where torch
 sees no CUDA device (CI); run on a GPU machine with `pytest tests/test_cuda.py`."""
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
 
 from asyncrl import APPO
+from custom_envs import tiny_image_env
+from test_checkpoints import adam_steps
+from test_worker_faults import children_named
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -43,11 +49,6 @@ def test_variants_train_on_cuda(overrides):
         assert np.isfinite(mean_return)
 
 
-def _adam_steps(model) -> int:
-    state = model.get_parameters()["policy.optimizer"]["state"]
-    return int(next(iter(state.values()))["step"])
-
-
 @pytest.mark.timeout(240)
 def test_an_image_model_resumes_adam_on_cuda_after_a_killed_learner_and_a_load(tmp_path):
     """The Nature CNN's convolution weights are channels-last; Adam's moments handed on flat (a
@@ -55,12 +56,6 @@ def test_an_image_model_resumes_adam_on_cuda_after_a_killed_learner_and_a_load(t
     default layout, which the fused CUDA kernel refuses at the first step (resuming Pong on a
     lent H200 failed so). Both ways the learner goes on from Adam's state of the weights kept:
     its step count stays the updates' count."""
-    import os
-    import signal
-
-    from custom_envs import tiny_image_env
-    from test_worker_faults import children_named
-
     cfg = dict(device="cuda", seed=0, verbose=0, num_workers=2, num_envs_per_worker=4, rollout=16,
                batch_size=256, minibatch_size=128, target_kl=None, worker_timeout=30)
     state = {}
@@ -77,13 +72,13 @@ def test_an_image_model_resumes_adam_on_cuda_after_a_killed_learner_and_a_load(t
         model.train(10 ** 7, callback=kill_the_learner_once, callback_interval=0.1)
         assert model.logger.worker_restarts == 1
         assert model.num_timesteps >= state["steps"] + 10 * cfg["batch_size"]
-        assert _adam_steps(model) == model.policy_version * per_update
+        assert adam_steps(model.get_parameters()["policy.optimizer"]) == model.policy_version * per_update
         model.save(tmp_path / "image.pt")
     loaded = APPO.load(tmp_path / "image.pt", device="cuda")
     try:
         version = loaded.policy_version
         loaded.train(2048)
         assert loaded.policy_version > version
-        assert _adam_steps(loaded) == loaded.policy_version * per_update
+        assert adam_steps(loaded.get_parameters()["policy.optimizer"]) == loaded.policy_version * per_update
     finally:
         loaded.close()
