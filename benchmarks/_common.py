@@ -17,6 +17,7 @@ from typing import Dict, List
 import psutil
 
 from asyncrl import APPO
+from asyncrl.envs.doom import remove_orphaned_shm_files
 
 
 def _raw_worker(env, env_kwargs: dict, seconds: float, out) -> None:
@@ -81,14 +82,17 @@ def kill_session(sid: int) -> None:
 
 def end_sf_session(sid: int, shm_before: set) -> None:
     """Kill Sample Factory's session ``sid`` and unlink the multiprocessing semaphores that
-    appeared in /dev/shm since ``shm_before`` (a killed SF never unlinks its own)."""
+    appeared in /dev/shm since ``shm_before`` (a killed SF never unlinks its own), and the files
+    of its VizDoom games, which its killed engines leave (those of no running engine)."""
     kill_session(sid)
-    for name in set(os.listdir("/dev/shm")) - shm_before:
+    new = set(os.listdir("/dev/shm")) - shm_before
+    for name in new:
         if name.startswith("sem.mp-"):
             try:
                 os.remove(os.path.join("/dev/shm", name))
             except FileNotFoundError:
                 pass
+    remove_orphaned_shm_files(min_age=0.0, among=new)
 
 
 def _run_session(cmd: List[str], log_path: str, env: Dict[str, str] = None) -> int:

@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import time
+from typing import Iterable, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -43,14 +44,17 @@ SHM_FILE = re.compile(r"^ViZDoom(?:SM|MQCtr|MQDoom)(\w+)$")
 ENGINE_ID = re.compile(rb"\+viz_instance_id\x00(\w+)")
 
 
-def remove_orphaned_shm_files(min_age: float = 60.0) -> list:
+def remove_orphaned_shm_files(min_age: float = 60.0, among: Optional[Iterable[str]] = None) -> list:
     """Remove the /dev/shm files of VizDoom games whose engine process is gone (no running
     process has their instance id on its command line), older than ``min_age`` seconds (a game
-    starting now may have written its files before its engine runs). Returns the removed paths."""
+    starting now may have written its files before its engine runs); only names in ``among``
+    when given (e.g. those a killed run of another program created). Returns the removed paths."""
     try:
         names = [n for n in os.listdir(SHM_DIR) if SHM_FILE.match(n)]
     except OSError:
         return []
+    if among is not None:
+        names = sorted(set(names) & set(among))
     if not names:
         return []
     live = set()

@@ -75,3 +75,34 @@ def test_sample_factory_greedy_returns_are_read_back_from_enjoys_running_means()
     # its means are over the last 100 episodes: more cannot be read back, refused before a run
     with pytest.raises(ValueError, match="at most 100 episodes"):
         _common.sample_factory("sf_examples.train_gym_env", [], 1000, 0, eval_episodes=101)
+
+
+@pytest.mark.timeout(60)
+def test_ending_sample_factorys_session_removes_its_dead_vizdoom_games_files_only(tmp_path):
+    """A killed Sample Factory leaves its VizDoom games' /dev/shm files (their engines die with
+    it): ending its session removes those, not files there before nor those of a live engine."""
+    import subprocess
+    import uuid
+
+    import psutil
+    tag = uuid.uuid4().hex[:10]
+    older, dead, live = (f"ViZDoomMQCtr{tag}old", f"ViZDoomSM{tag}dead", f"ViZDoomMQDoom{tag}live")
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                               "+viz_instance_id", f"{tag}live"])
+    paths = [os.path.join("/dev/shm", n) for n in (older, dead, live)]
+    try:
+        open(paths[0], "w").close()
+        before = set(os.listdir("/dev/shm"))
+        session = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        for p in paths[1:]:
+            open(p, "w").close()
+        _common.end_sf_session(session.pid, before)
+        session.wait(timeout=10)  # reaped already by the kill's wait: its status is not kept
+        assert not psutil.pid_exists(session.pid)
+        assert [os.path.exists(p) for p in paths] == [True, False, True]
+    finally:
+        engine.kill()
+        engine.wait()
+        for p in paths:
+            if os.path.exists(p):
+                os.remove(p)
