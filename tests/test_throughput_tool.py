@@ -1,7 +1,10 @@
 """benchmarks/throughput.py, the throughput tool for any env: its parts that need no long run."""
 import os
+import subprocess
 import sys
+import uuid
 
+import psutil
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -78,13 +81,9 @@ def test_sample_factory_greedy_returns_are_read_back_from_enjoys_running_means()
 
 
 @pytest.mark.timeout(60)
-def test_ending_sample_factorys_session_removes_its_dead_vizdoom_games_files_only(tmp_path):
+def test_ending_sample_factorys_session_removes_its_dead_vizdoom_games_files_only():
     """A killed Sample Factory leaves its VizDoom games' /dev/shm files (their engines die with
     it): ending its session removes those, not files there before nor those of a live engine."""
-    import subprocess
-    import uuid
-
-    import psutil
     tag = uuid.uuid4().hex[:10]
     older, dead, live = (f"ViZDoomMQCtr{tag}old", f"ViZDoomSM{tag}dead", f"ViZDoomMQDoom{tag}live")
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
