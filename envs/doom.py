@@ -54,7 +54,8 @@ def remove_orphaned_shm_files(min_age: float = 60.0, among: Optional[Iterable[st
     except OSError:
         return []
     if among is not None:
-        names = sorted(set(names) & set(among))
+        among = set(among)
+        names = [n for n in names if n in among]
     if not names:
         return []
     live = set()

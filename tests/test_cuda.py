@@ -72,13 +72,15 @@ def test_an_image_model_resumes_adam_on_cuda_after_a_killed_learner_and_a_load(t
         model.train(10 ** 7, callback=kill_the_learner_once, callback_interval=0.1)
         assert model.logger.worker_restarts == 1
         assert model.num_timesteps >= state["steps"] + 10 * cfg["batch_size"]
-        assert adam_steps(model.get_parameters()["policy.optimizer"]) == model.policy_version * per_update
+        optimizer = model.get_parameters()["policy.optimizer"]
+        assert adam_steps(optimizer) == model.policy_version * per_update
         model.save(tmp_path / "image.pt")
     loaded = APPO.load(tmp_path / "image.pt", device="cuda")
     try:
         version = loaded.policy_version
         loaded.train(2048)
         assert loaded.policy_version > version
-        assert adam_steps(loaded.get_parameters()["policy.optimizer"]) == loaded.policy_version * per_update
+        optimizer = loaded.get_parameters()["policy.optimizer"]
+        assert adam_steps(optimizer) == loaded.policy_version * per_update
     finally:
         loaded.close()
