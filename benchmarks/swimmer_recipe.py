@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -47,11 +48,10 @@ EPISODES = 10
 
 
 def run_one(name: str, seed: int, steps: int) -> dict:
-    import numpy as np
-    import gymnasium as gym
     from asyncrl import APPO
-    from asyncrl.acting import play_episode
+    from asyncrl.cli import raise_terminated
 
+    signal.signal(signal.SIGTERM, raise_terminated)  # stopped by the parent: unwind as Ctrl-C
     t0 = time.perf_counter()
     curve = []
     with APPO("Swimmer-v5", seed=seed, device="cpu", verbose=0, **CONFIGS[name]) as model:
@@ -59,11 +59,9 @@ def run_one(name: str, seed: int, steps: int) -> dict:
             model.train(min(steps, 100_000))
             curve.append(round(model.logger.ep_rew_mean, 1))
         wall = time.perf_counter() - t0
-        env = gym.make("Swimmer-v5")
-        greedy = [play_episode(model, env, seed=1000 + i)[0] for i in range(EPISODES)]
-        env.close()
+        greedy, _ = model.evaluate(EPISODES, seed=1000)  # resets seeded 1000, 1001, ...
     return dict(config=name, seed=seed, settings=repr(CONFIGS[name]), steps=steps,
-                greedy=round(float(np.mean(greedy)), 2), curve_per_100k=curve, wall=round(wall, 1))
+                greedy=round(greedy, 2), curve_per_100k=curve, wall=round(wall, 1))
 
 
 def main() -> None:
@@ -77,7 +75,11 @@ def main() -> None:
     p.add_argument("--one", nargs=2, metavar=("CONFIG", "SEED"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one[0], int(args.one[1]), args.steps)), flush=True)
+        from asyncrl.cli import Terminated
+        try:
+            print(json.dumps(run_one(args.one[0], int(args.one[1]), args.steps)), flush=True)
+        except Terminated:  # its APPO has stopped its workers on the way out
+            sys.exit(128 + signal.SIGTERM)
         return
     names = [c for c in args.configs.split(",") if c]
     unknown = [c for c in names if c not in CONFIGS]
@@ -89,20 +91,31 @@ def main() -> None:
         p.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2")
     todo = [(c, s) for c in names for s in seeds]
     running: list = []
-    while todo or running:
-        while todo and len(running) < max(1, args.jobs):  # one process a run: its own 1 core
-            c, s = todo.pop(0)
-            cmd = [sys.executable, os.path.abspath(__file__), "--one", c, str(s), "--steps",
-                   str(args.steps)]
-            running.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
-        proc = running.pop(0)
-        out, _ = proc.communicate()
-        if proc.returncode:
-            sys.exit(f"a run failed (exit {proc.returncode}): {' '.join(proc.args[-4:-2])}")
-        line = out.strip().splitlines()[-1]
-        print(line, flush=True)
-        with open(args.out, "a") as f:
-            f.write(line + "\n")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        while todo or running:
+            while todo and len(running) < max(1, args.jobs):  # one process a run
+                c, s = todo.pop(0)
+                cmd = [sys.executable, os.path.abspath(__file__), "--one", c, str(s), "--steps",
+                       str(args.steps)]
+                running.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+            proc = running[0]  # the oldest run: listed until it is done (finally stops it)
+            out, _ = proc.communicate()
+            running.pop(0)
+            if proc.returncode:
+                sys.exit(f"a run failed (exit {proc.returncode}): {' '.join(proc.args[-4:-2])}")
+            line = out.strip().splitlines()[-1]
+            print(line, flush=True)
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+    finally:  # stopped or failed: the runs still going stop too (SIGTERM unwinds their APPO)
+        for proc in running:
+            proc.terminate()
+        for proc in running:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":
