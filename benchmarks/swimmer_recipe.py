@@ -29,7 +29,8 @@ import time
 SB3 = dict(num_workers=1, num_envs_per_worker=2, algo="ppo", rollout=1024, batch_size=2048,
            minibatch_size=64, num_epochs=10, normalize_obs=False, normalize_returns=False,
            kl_adaptive_lr=None, advantage_std_floor=0.0, policy_kwargs=dict(log_std_init=0.0))
-LAYOUT = dict(num_workers=1, num_envs_per_worker=2, algo="ppo", rollout=1024, batch_size=2048)
+LAYOUT = {k: SB3[k] for k in ("num_workers", "num_envs_per_worker", "algo", "rollout",
+                              "batch_size")}  # SB3's layout alone
 CONFIGS = {
     "defaults": {},
     "sb3": SB3,
