@@ -16,16 +16,34 @@ fused GRU (``RecurrentCore``).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from .encoders import Bfloat16Linear
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, low) -> torch.Tensor:
     """a @ b, in ``low`` precision (a dtype: operands cast, unless they are already, and the
     result back to float32) or as given (None)."""
     return a @ b if low is None else (a.to(low) @ b.to(low)).float()
+
+
+def _times(w, low) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x @ w.t() in float32, for the many small products of a sequence: in bfloat16 with w
+    packed once (``Bfloat16Linear``), else in ``low`` with w cast once."""
+    if low is torch.bfloat16:
+        lin = Bfloat16Linear(w)
+        return lambda x: lin(x).float()
+    w_t = (w if low is None else w.to(low)).t()
+    return lambda x: _mm(x, w_t, low)
+
+
+def _step_times(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ w.t() in float32 for ``gru_step``: w a ``Bfloat16Linear`` (a snapshot's) or a tensor,
+    the product in its dtype (differentiable)."""
+    return w(x).float() if isinstance(w, Bfloat16Linear) else _mm(x, w.t(), w.dtype)
 
 
 def _cell(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor):
@@ -37,13 +55,13 @@ def _cell(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor):
     return rz, n, torch.addcmul(n, rz[:, H:], h - n)  # (1 - z) n + z h
 
 
-def gru_step(x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
-             b_ih: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
-    """One step of ``gru_sequence``'s function for inference, its products in the weights' dtype
-    (bfloat16 copies: as the learner's ``low`` computes them), the biases and the rest float32:
-    h' [N, H]."""
-    gi = _mm(x, w_ih.t(), w_ih.dtype).add_(b_ih)
-    gh = _mm(h, w_hh.t(), w_hh.dtype).add_(b_hh)
+def gru_step(x: torch.Tensor, h: torch.Tensor, w_ih, w_hh, b_ih: torch.Tensor,
+             b_hh: torch.Tensor) -> torch.Tensor:
+    """One step of ``gru_sequence``'s function for inference, its products in the weights'
+    precision (bfloat16 copies or ``Bfloat16Linear``s: as the learner's ``low`` computes them),
+    the biases and the rest float32: h' [N, H]."""
+    gi = _step_times(x, w_ih).add_(b_ih)
+    gh = _step_times(h, w_hh).add_(b_hh)
     return _cell(gi, gh, h)[2]
 
 
@@ -52,7 +70,7 @@ class _GRUSequence(torch.autograd.Function):
     def forward(ctx, x, state, keep, w_ih, w_hh, b_ih, b_hh, low):
         T, B, _ = x.shape
         H = state.shape[-1]
-        w_hh_t = (w_hh if low is None else w_hh.to(low)).t()  # cast once, not every step
+        hh = _times(w_hh, low)
         gi = (_mm(x.reshape(T * B, -1), w_ih.t(), low) + b_ih).view(T, B, 3 * H)
         out = x.new_empty(T, B, H)
         h_in = x.new_empty(T, B, H)  # each step's input state (after the episode-start zeroing)
@@ -61,7 +79,7 @@ class _GRUSequence(torch.autograd.Function):
         h = state
         for t in range(T):
             h = torch.mul(h, keep[t], out=h_in[t])
-            gh = _mm(h, w_hh_t, low).add_(b_hh)
+            gh = hh(h).add_(b_hh)
             gh_n[t] = gh[:, 2 * H:]
             rz, n, h = _cell(gi[t], gh, h)
             gates[t, :, :2 * H], gates[t, :, 2 * H:], out[t] = rz, n, h
@@ -75,7 +93,7 @@ class _GRUSequence(torch.autograd.Function):
         x, keep, w_ih, w_hh, h_in, gates, gh_n = ctx.saved_tensors
         low = ctx.low
         T, B, H = h_in.shape
-        w_hh_low = w_hh if low is None else w_hh.to(low)
+        hh_t = _times(w_hh.t(), low)  # the state's gradient: d_gh @ w_hh
         d_gi = x.new_empty(T, B, 3 * H)  # the gradients of the gates' pre-activations, input side
         d_gh = x.new_empty(T, B, 3 * H)  # and state side (they differ only in n's)
         dh = d_last.clone() if d_last is not None else x.new_zeros(B, H)
@@ -90,7 +108,7 @@ class _GRUSequence(torch.autograd.Function):
             d_gi[t, :, :H] = da_n * gh_n[t] * r * (1 - r)
             d_gi[t, :, H:2 * H] = dh * (h_in[t] - n) * z * (1 - z)
             d_gh[t, :, :2 * H] = d_gi[t, :, :2 * H]
-            dh = (_mm(d_gh[t], w_hh_low, low) + dh * z) * keep[t]
+            dh = (hh_t(d_gh[t]) + dh * z) * keep[t]
         d_gi_flat, d_gh_flat = d_gi.view(T * B, 3 * H), d_gh.view(T * B, 3 * H)
         x_flat = x.reshape(T * B, -1)
         d_x = _mm(d_gi_flat, w_ih, low).view(x.shape) if ctx.needs_input_grad[0] else None
