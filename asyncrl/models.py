@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (ConvEncoder, ReturnScale, RunningNorm, bfloat16_weights, computes_bfloat16,
+from .encoders import (Bfloat16Linear, ConvEncoder, ReturnScale, RunningNorm, bfloat16_weights,
+                       computes_bfloat16,
                        init_layer, image_encoder, mlp, normalized_keys, flat_width, preprocess_leaf,
                        sb3_space, snapshot_bfloat16)
 from .gru import gru_sequence, gru_step
@@ -280,7 +281,7 @@ class ActorCritic(nn.Module):
         device = next(self.parameters()).device
         for module in self.modules():
             if isinstance(module, (ConvEncoder, RecurrentCore)) and module.bfloat16_on(device):
-                snapshot_bfloat16(module, module.bfloat16_tensors())
+                snapshot_bfloat16(module)
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
                    and self.core is None and not self.centralized
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
@@ -351,12 +352,16 @@ class RecurrentCore(nn.Module):
         """The weights a step computes with in bfloat16 (``bfloat16_weights``)."""
         return [self.cell.weight_ih, self.cell.weight_hh]
 
+    def bfloat16_copies(self) -> list:
+        """Those weights for inference's products (``Bfloat16Linear``s)."""
+        return [Bfloat16Linear(w) for w in self.bfloat16_tensors()]
+
     def step(self, x: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.lstm:
             h, c = self.cell(x, tuple(state.chunk(2, -1)))
             return h, torch.cat([h, c], -1)
         if self.bfloat16_on(x.device):
-            w_ih, w_hh = (bfloat16_weights(self, self.bfloat16_tensors())
+            w_ih, w_hh = (bfloat16_weights(self)
                           if not torch.is_grad_enabled()
                           else [w.bfloat16() for w in self.bfloat16_tensors()])
             h = gru_step(x, state, w_ih, w_hh, self.cell.bias_ih, self.cell.bias_hh)

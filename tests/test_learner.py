@@ -185,6 +185,32 @@ def test_a_bfloat16_encoder_trains_float32_weights_as_float32_would(name):
         assert cos > 0.98, (n, cos.item())
 
 
+@pytest.mark.parametrize("cnn", ["doom_relu", "doom"])
+def test_packed_bfloat16_layers_compute_what_plain_ones_do(cnn):
+    """Inference's packed oneDNN kernels (ReLU fused) and matrices give the plain bfloat16
+    layers' numbers for any batch, and every layer of the stack is computed."""
+    from asyncrl.encoders import Bfloat16Conv, Bfloat16Linear, ConvEncoder
+    torch.manual_seed(0)
+    enc = ConvEncoder((3, 72, 96), hwc=True, name=cnn, precision="bfloat16")
+    ops = enc.bfloat16_copies()
+    convs = [op for op in ops if isinstance(op, Bfloat16Conv)]
+    assert len(convs) == 3 and all(op.relu == (cnn == "doom_relu") for op in convs)
+    for n in (1, 5, 16):
+        x = enc.scale(torch.randint(0, 256, (n, 72, 96, 3), dtype=torch.uint8))
+        with torch.no_grad():
+            y = x.bfloat16()
+            for op in ops:
+                y = op(y)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                plain = enc.fc(enc.convs(x))
+        assert torch.equal(y, plain), n
+    w, h = torch.randn(48, 32), torch.randn(7, 32)
+    unpacked = Bfloat16Linear(w)
+    unpacked.packed = None
+    assert torch.equal(Bfloat16Linear(w)(h), unpacked(h))
+    assert torch.equal(unpacked(h), h.bfloat16() @ w.bfloat16().t())
+
+
 def test_bfloat16_inference_reuses_only_a_policy_workers_snapshot_of_current_weights():
     """Without gradients a bfloat16 CNN and GRU compute autocast's numbers with the weights as
     they are now: after the learner's fused Adam step (which leaves the weights' version counters
@@ -212,14 +238,14 @@ def test_bfloat16_inference_reuses_only_a_policy_workers_snapshot_of_current_wei
         adam_step(opt)
     assert torch.equal(run(False), run(True))  # not the weights before the step
     forward = model.fused_forward()  # a policy worker's, after a load
-    snap = bfloat16_weights(enc, enc.bfloat16_tensors())
-    assert all(a is b for a, b in zip(snap, bfloat16_weights(enc, enc.bfloat16_tensors())))  # reused
+    snap = bfloat16_weights(enc)
+    assert bfloat16_weights(enc) is snap  # reused
     with torch.no_grad():
         assert torch.equal(forward(obs, state=state)[0], run(True)[:, :4])
         new = {k: v * 1.1 for k, v in model.state_dict().items()}
         model.load_state_dict(new)  # as SharedWeights.load: copy_ into the same tensors
     assert torch.equal(run(False), run(True))  # the stale snapshot is not used
-    assert not any(a is b for a, b in zip(snap, bfloat16_weights(enc, enc.bfloat16_tensors())))
+    assert bfloat16_weights(enc) is not snap
     assert core.bfloat16_on(torch.device("cpu"))
 
 
