@@ -308,13 +308,18 @@ class ConvEncoder(nn.Module):
         self.to(memory_format=torch.channels_last)  # only the 4-d conv weights change
 
     def scale(self, obs: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """uint8 frames -> float in [0, 1], channels-last (oneDNN's fast layout on a CPU; a
-        [H, W, C] frame permuted is channels-last already). Two passes, into ``out`` when given
-        (reused across learner batches: fresh large tensors page-fault on first touch)."""
+        """uint8 frames -> floats in [0, 1], channels-last (oneDNN's fast layout on a CPU; a
+        [H, W, C] frame permuted is channels-last already), in bfloat16 where ``forward``
+        computes in it: the numbers float32's scaling rounds to (the product is computed in
+        float32 either way), without a float32 copy to write, gather per minibatch and cast.
+        Two passes, into ``out`` when given (reused across learner batches: fresh large tensors
+        page-fault on first touch)."""
         if self.hwc:
             obs = obs.permute(0, 3, 1, 2)
-        if out is None or out.shape != obs.shape:
-            out = torch.empty(obs.shape, device=obs.device, memory_format=torch.channels_last)
+        dtype = torch.bfloat16 if self.bfloat16_on(obs.device) else torch.float32
+        if out is None or out.shape != obs.shape or out.dtype != dtype:
+            out = torch.empty(obs.shape, dtype=dtype, device=obs.device,
+                              memory_format=torch.channels_last)
         return out.copy_(obs).mul_(1.0 / 255.0)
 
     def bfloat16_on(self, device: torch.device) -> bool:

@@ -11,8 +11,9 @@ n = tanh(W_in x + b_in + r * (W_hn h + b_hn)); h' = (1 - z) * n + z * h) with th
 where an episode starts, and differentiates it by hand: the backward pass walks the steps only
 for the state's gradient (one [B, 3H] x [3H, H] product a step) and collects every step's gate
 gradients, so that each weight's gradient is one product over all T * B rows at the end. The
-input-side products of all steps are likewise one product in each direction. CUDA keeps cuDNN's
-fused GRU (``RecurrentCore``).
+input-side products of all steps are likewise one product in each direction; the state-side
+products of the steps, 32 small ones each way, take the weight packed once for oneDNN in bfloat16
+(``Bfloat16Linear``). CUDA keeps cuDNN's fused GRU (``RecurrentCore``).
 """
 from __future__ import annotations
 
