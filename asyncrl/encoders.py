@@ -197,11 +197,13 @@ def bfloat16_weights(owner: nn.Module) -> list:
 
 def _onednn_check(build) -> bool:
     """``build()`` -> (oneDNN's result, torch's plain result): whether they are equal, False where
-    torch lacks the operators (they are what torch's compiler uses on a CPU, not public API)."""
+    torch lacks the operators (they are what torch's compiler uses on a CPU, not public API).
+    The random inputs leave the caller's random stream as it was."""
     try:
         if not torch.backends.mkldnn.is_available():
             return False
-        packed, plain = build()
+        with torch.random.fork_rng(devices=[]):
+            packed, plain = build()
         return torch.equal(packed, plain)
     except (AttributeError, RuntimeError):
         return False

@@ -39,9 +39,8 @@ from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
 from .encoders import (Bfloat16Linear, ConvEncoder, ReturnScale, RunningNorm, bfloat16_weights,
-                       computes_bfloat16,
-                       init_layer, image_encoder, mlp, normalized_keys, flat_width, preprocess_leaf,
-                       sb3_space, snapshot_bfloat16)
+                       computes_bfloat16, init_layer, image_encoder, mlp, normalized_keys,
+                       flat_width, preprocess_leaf, sb3_space, snapshot_bfloat16)
 from .gru import gru_sequence, gru_step
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
 

@@ -211,6 +211,19 @@ def test_packed_bfloat16_layers_compute_what_plain_ones_do(cnn):
     assert torch.equal(unpacked(h), h.bfloat16() @ w.bfloat16().t())
 
 
+def test_the_packing_checks_leave_the_random_stream_alone():
+    """The first snapshot checks oneDNN's packed operators on random inputs; a user's seeded
+    stream (a predict() in their script) must not move."""
+    from asyncrl import encoders
+    encoders._packs_linear.cache_clear()
+    encoders._packs_conv.cache_clear()
+    torch.manual_seed(3)
+    encoders._packs_linear(), encoders._packs_conv()
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(4))
+
+
 def test_bfloat16_inference_reuses_only_a_policy_workers_snapshot_of_current_weights():
     """Without gradients a bfloat16 CNN and GRU compute autocast's numbers with the weights as
     they are now: after the learner's fused Adam step (which leaves the weights' version counters
