@@ -170,14 +170,33 @@ def sample_factory(module: str, flags: List[str], frames: int, seed: int,
 
 def parse_variant(text: str) -> dict:
     """A --variant: "field=value,field=value" -> {field: value} (values as Python literals where
-    they are); ValueError naming the part that is not field=value."""
+    they are). A dotted name sets one key of a dict-valued argument:
+    "policy_kwargs.log_std_init=0.0" -> {"policy_kwargs": {"log_std_init": 0.0}}, which
+    ``merged`` lays over the run's own policy_kwargs (a whole dict would not fit here: the
+    parts split on commas). ValueError naming the part that is not field=value."""
     from asyncrl.flags import parse_value
-    out = {}
+    out: dict = {}
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
         name, eq, value = part.partition("=")
-        if not eq:
+        *path, leaf = name.strip().split(".")
+        if not eq or not leaf or not all(path):
             raise ValueError(f"--variant {text!r}: {part!r} is not field=value")
-        out[name.strip()] = parse_value(value.strip())
+        into = out
+        for key in path:
+            into = into.setdefault(key, {})
+            if not isinstance(into, dict):
+                raise ValueError(f"--variant {text!r}: {key} is given whole and by key")
+        into[leaf] = parse_value(value.strip())
+    return out
+
+
+def merged(base: dict, over: dict) -> dict:
+    """``over`` laid on ``base``; where both hold a dict under a key, key by key (a --variant's
+    policy_kwargs.log_std_init keeps the run's other policy_kwargs)."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both else value
     return out
 
 

@@ -41,7 +41,7 @@ import sys
 import time
 from typing import Optional
 
-from _common import SF_PYTHON, parse_variant, plot_curves, sample_factory, write_runs
+from _common import SF_PYTHON, merged, parse_variant, plot_curves, sample_factory, write_runs
 
 from asyncrl import APPO
 from asyncrl.config import Config, available_cores, with_defaults
@@ -76,8 +76,8 @@ def run_asyncrl(scenario: str, frames: int, seed: int, variant: Optional[dict] =
                       m.logger.ep_rew_mean))
         return False if stop_at is not None and curve[-1][2] >= stop_at else None
 
-    with APPO(env_id, env_kwargs=env_kwargs, seed=seed, device=device, verbose=0,
-              **(variant or {})) as model:
+    with APPO(env_id, **merged(dict(env_kwargs=env_kwargs, seed=seed, device=device, verbose=0),
+                               variant or {})) as model:
         model.train(frames // FRAME_SKIP, callback=log, callback_interval=5.0)
         log(model)
         ran = [model.config.num_workers, model.config.num_envs_per_worker]  # a variant's too

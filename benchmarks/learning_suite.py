@@ -49,7 +49,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import suite_envs as se  # noqa: E402
-from _common import SF_PYTHON, parse_variant, sample_factory, with_schedules  # noqa: E402
+from _common import SF_PYTHON, merged, parse_variant, sample_factory, with_schedules  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "learning_suite")
 EVAL_SEED = 10_000  # episode i of every greedy evaluation resets with seed EVAL_SEED + i
@@ -223,7 +223,8 @@ def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
         curve.append([int(model.num_timesteps), time.perf_counter() - t0,
                       float(model.logger.ep_rew_mean), window])
 
-    kwargs = {"seed": seed, "device": "cpu", "verbose": 0, **case.extra, **with_schedules(overrides)}
+    kwargs = merged({"seed": seed, "device": "cpu", "verbose": 0, **case.extra},
+                    with_schedules(overrides))
     model = APPO(case.env, **kwargs)
     try:
         model.train(case.steps, callback=record, callback_interval=1.0)
@@ -555,7 +556,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--rerun_sb3", action="store_true", help="train SB3 again where a stored run exists")
     p.add_argument("--steps_scale", type=float, default=1.0, help="multiply every budget (trials)")
     p.add_argument("--variant", default="", help='asyncrl settings over the defaults, "field=value,...": '
-                   "stored under the tag --tag, not as the defaults' runs")
+                   "stored under the tag --tag, not as the defaults' runs; a dotted name sets "
+                   "one key of a dict argument, e.g. policy_kwargs.log_std_init=0.0")
     p.add_argument("--tag", default="", help="name of a --variant's runs (asyncrl-TAG)")
     p.add_argument("--report", action="store_true", help="only write the table and plot from stored runs")
     p.add_argument("--compare", default="", help="extra labels to report, e.g. asyncrl-lr3e4")

@@ -44,7 +44,7 @@ import tempfile
 import time
 
 import torch
-from _common import end_sf_session, parse_variant, pyplot, raw_env_rate, steady_fps
+from _common import end_sf_session, merged, parse_variant, pyplot, raw_env_rate, steady_fps
 
 from asyncrl import APPO
 from asyncrl.buffers import SharedControl, buffer_spec
@@ -246,7 +246,7 @@ def main(argv=None) -> None:
     rows = {"asyncrl": flags}
     for text in args.variant:
         try:
-            rows[f"asyncrl {text}"] = {**flags, **parse_variant(text)}
+            rows[f"asyncrl {text}"] = merged(flags, parse_variant(text))
         except ValueError as e:
             raise BenchmarkError(str(e)) from None
     # Each row's settings as APPO resolves them (family defaults, validation) before anything runs

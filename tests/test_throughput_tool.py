@@ -47,6 +47,20 @@ def test_sf_is_refused_for_an_env_without_an_example_and_variants_must_be_field_
         "use_rnn": True, "rnn_size": 64, "cnn": "tiny"}
 
 
+def test_a_dotted_variant_sets_one_key_of_a_dict_argument_and_keeps_the_others():
+    over = _common.parse_variant("policy_kwargs.log_std_init=0.0,policy_kwargs.ortho_init=False,"
+                                 "num_epochs=10")
+    assert over == {"policy_kwargs": {"log_std_init": 0.0, "ortho_init": False}, "num_epochs": 10}
+    base = {"policy_kwargs": {"net_arch": [64, 64], "log_std_init": -0.5}, "num_epochs": 4}
+    assert _common.merged(base, over) == {
+        "policy_kwargs": {"net_arch": [64, 64], "log_std_init": 0.0, "ortho_init": False},
+        "num_epochs": 10}
+    assert base["policy_kwargs"]["log_std_init"] == -0.5  # the run's own dict is not changed
+    for bad in ("policy_kwargs.=1", ".x=1", "num_epochs=4,num_epochs.x=1"):
+        with pytest.raises(ValueError, match="--variant"):
+            _common.parse_variant(bad)
+
+
 def test_env_argument_is_an_id_or_a_module_factory():
     assert throughput.resolve_env("CartPole-v1") == "CartPole-v1"
     assert throughput.resolve_env("space_envs:copy_env").__name__ == "copy_env"
