@@ -264,7 +264,7 @@ class Bfloat16Conv:
     convolution (VizDoom's three layers, 4-16 frames, one thread: 20-30% faster each, the same
     numbers); else ``conv``'s own convolution on bfloat16 copies."""
 
-    __slots__ = ("conv", "relu", "weight", "bias", "packed")
+    __slots__ = ("conv", "relu", "weight", "bias", "packed", "geometry")
 
     def __init__(self, conv: nn.Conv2d, chw: Tuple[int, int, int], relu: bool,
                  pack: Optional[bool] = None):
@@ -274,18 +274,19 @@ class Bfloat16Conv:
         if pack is None:
             pack = (self.weight.device.type == "cpu" and isinstance(conv.padding, tuple)
                     and conv.padding_mode == "zeros" and _packs_conv())
-        self.packed = None if not pack else torch._C._nn.mkldnn_reorder_conv2d_weight(
-            self.weight.to_mkldnn(), list(conv.padding), list(conv.stride), list(conv.dilation),
-            conv.groups, [1, *chw])
+        self.packed = self.geometry = None
+        if pack:  # padding, stride, dilation, groups: as oneDNN's operators take them
+            self.geometry = (list(conv.padding), list(conv.stride), list(conv.dilation),
+                             conv.groups)
+            self.packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
+                self.weight.to_mkldnn(), *self.geometry, [1, *chw])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.conv
         if self.packed is None:
-            y = c._conv_forward(x, self.weight, self.bias)
+            y = self.conv._conv_forward(x, self.weight, self.bias)
             return torch.relu(y) if self.relu else y
         return torch.ops.mkldnn._convolution_pointwise(
-            x, self.packed, self.bias, list(c.padding), list(c.stride), list(c.dilation), c.groups,
-            "relu" if self.relu else "none", [], "")
+            x, self.packed, self.bias, *self.geometry, "relu" if self.relu else "none", [], "")
 
 
 class ConvEncoder(nn.Module):
