@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -632,4 +633,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a scheduler's, kill's) unwinds the run's APPO as an exit does: its workers close
+    # their envs, so VizDoom's engines remove their shared memory (killed, they leave it)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     main()
