@@ -26,6 +26,10 @@ UNSUPPORTED_HINTS = {
 }
 
 
+class UnsupportedSpace(ConfigError):
+    """An observation leaf of a kind the buffers cannot hold."""
+
+
 OBS_PREFIX = "obs/"  # buffer-spec names of observation leaves: "obs/<key>"
 GLOBAL_STATE = "_global_state"  # the model input of a centralised critic (an "obs/" entry)
 
@@ -103,7 +107,17 @@ def flatten_space(space: gym.Space, prefix: str = "") -> Dict[str, Tuple[tuple, 
         items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space.spaces)
         out = {}
         for k, sub in items:
-            for key, (path, leaf) in flatten_space(sub, f"{prefix}{k}.").items():
+            try:
+                leaves = flatten_space(sub, f"{prefix}{k}.")
+            except UnsupportedSpace as e:
+                keep = [other for other in space.spaces if other != k]  # MiniGrid's "mission"
+                if prefix or not isinstance(space, gym.spaces.Dict) or not keep or isinstance(
+                        sub, (gym.spaces.Dict, gym.spaces.Tuple)):
+                    raise  # only a top-level key is FilterObservation's to drop
+                raise UnsupportedSpace(
+                    f"{e}; or drop the key if the policy can do without it: "
+                    f"gymnasium.wrappers.FilterObservation(env, {keep})") from None
+            for key, (path, leaf) in leaves.items():
                 if key in out:
                     raise ConfigError(f"observation keys {'.'.join(map(str, out[key][0]))!r} and "
                                       f"{'.'.join(map(str, (k, *path)))!r} both flatten to {key!r}; "
@@ -115,12 +129,12 @@ def flatten_space(space: gym.Space, prefix: str = "") -> Dict[str, Tuple[tuple, 
     key = prefix[:-1] or "obs"
     for kind, hint in UNSUPPORTED_HINTS.items():
         if isinstance(space, kind):
-            raise ConfigError(f"observation key {key!r} is a {kind.__name__} space, which asyncrl "
-                              f"cannot store in fixed-size buffers: {hint}")
+            raise UnsupportedSpace(f"observation key {key!r} is a {kind.__name__} space, which "
+                                   f"asyncrl cannot store in fixed-size buffers: {hint}")
     if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
                               gym.spaces.MultiBinary)):
-        raise ConfigError(f"observation key {key!r}: space {space} is not supported; use Box, "
-                          "Discrete, MultiDiscrete, MultiBinary, or Dict/Tuple of them")
+        raise UnsupportedSpace(f"observation key {key!r}: space {space} is not supported; use "
+                               "Box, Discrete, MultiDiscrete, MultiBinary, or Dict/Tuple of them")
     if isinstance(space, gym.spaces.Box) and not (np.issubdtype(space.dtype, np.number)
                                                   or space.dtype == np.bool_):
         raise ConfigError(f"observation key {key!r}: Box dtype {space.dtype} is not numeric")

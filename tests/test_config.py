@@ -207,6 +207,20 @@ def test_text_observation_key_rejected_naming_key_and_wrapper():
         make(custom_envs.text_obs_env)
 
 
+def test_unsupported_top_level_key_names_the_filter_that_drops_it():
+    """MiniGrid's Dict holds its text "mission" beside the grid: the error says how to drop it."""
+    from asyncrl.spaces import flatten_space
+    box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    space = gym.spaces.Dict({"image": box, "mission": gym.spaces.Text(8), "direction": box})
+    with pytest.raises(ConfigError, match=r"'mission'.*FilterObservation\(env, \['direction', "
+                       r"'image'\]\)"):  # a Dict sorts its keys
+        flatten_space(space)
+    nested = gym.spaces.Dict({"a": gym.spaces.Dict({"t": gym.spaces.Text(8), "x": box})})
+    with pytest.raises(ConfigError) as e:  # only a top-level key is the wrapper's to drop
+        flatten_space(nested)
+    assert "'a.t'" in str(e.value) and "FilterObservation" not in str(e.value), str(e.value)
+
+
 def test_observation_outside_declared_space_rejected():
     with pytest.raises(ConfigError, match=r"first observation.*observation_space"):
         make(custom_envs.out_of_space_env)
