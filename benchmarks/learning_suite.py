@@ -172,6 +172,16 @@ CASES: Dict[str, Case] = {
     "minigrid-crossing": Case(se.minigrid_crossing, 1_000_000, 0.9, "heldout2"),
     "nasim-small-honeypot": Case(se.nasim_small_honeypot, 1_000_000, 170, "heldout2"),
     "nasim-small-linear": Case(se.nasim_small_linear, 1_000_000, 170, "heldout2"),
+    # Held out, third round (2026-12-05): five more, targets set before any run. MiniGrid's
+    # reward is 1 - 0.9 steps / limit: DoorKey-8x8 0.9 (the door and goal within 64 of 640
+    # steps), LavaCrossingS9N1 0.9 (within 32 of 324; lava ends the episode at 0),
+    # RedBlueDoors-6x6 0.9 (red door then blue within 72 of 720; blue first ends it at 0). NASim
+    # medium's two other layouts (16 hosts, two sensitive, 2,000 steps) at medium's 170.
+    "minigrid-doorkey8": Case(se.minigrid_doorkey8, 1_000_000, 0.9, "heldout3"),
+    "minigrid-lavacrossing": Case(se.minigrid_lavacrossing, 1_000_000, 0.9, "heldout3"),
+    "minigrid-redbluedoors6": Case(se.minigrid_redbluedoors6, 500_000, 0.9, "heldout3"),
+    "nasim-medium-single-site": Case(se.nasim_medium_single_site, 1_000_000, 170, "heldout3"),
+    "nasim-medium-multi-site": Case(se.nasim_medium_multi_site, 1_000_000, 170, "heldout3"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -448,7 +458,8 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "nasim": "NASim (network penetration testing)", "toy_text": "Toy text",
             "memory": "popgym memory tasks (GRU)", "multiagent": "Multi-agent", "atari": "Atari",
             "heldout": "Held out (added after the defaults were set)",
-            "heldout2": "Held out, second round (2026-12-04)", "doom": "VizDoom"}
+            "heldout2": "Held out, second round (2026-12-04)",
+            "heldout3": "Held out, third round (2026-12-05)", "doom": "VizDoom"}
 
 
 def readme_table(runs: List[dict]) -> str:

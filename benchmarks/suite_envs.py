@@ -47,6 +47,18 @@ def minigrid_crossing():
     return minigrid("MiniGrid-SimpleCrossingS9N1-v0")
 
 
+def minigrid_doorkey8():
+    return minigrid("MiniGrid-DoorKey-8x8-v0")
+
+
+def minigrid_lavacrossing():
+    return minigrid("MiniGrid-LavaCrossingS9N1-v0")
+
+
+def minigrid_redbluedoors6():
+    return minigrid("MiniGrid-RedBlueDoors-6x6-v0")
+
+
 def cliffwalking():
     """Gymnasium's CliffWalking (``Discrete(48)`` states): it has no time limit of its own (a
     fall sends the agent back to the start), so episodes end at 200 steps here."""
@@ -95,6 +107,16 @@ def nasim_small_honeypot():
 def nasim_small_linear():
     """NASim small with its subnets in a line: the sensitive hosts (3, 0) and (4, 0) at its end."""
     return nasim("SmallLinear-v0")
+
+
+def nasim_medium_single_site():
+    """NASim medium's hosts behind one site: 16 hosts, sensitive (1, 3) and (1, 8)."""
+    return nasim("MediumSingleSite-v0")
+
+
+def nasim_medium_multi_site():
+    """NASim medium's hosts over several sites: 16 hosts, sensitive (2, 1) and (3, 4)."""
+    return nasim("MediumMultiSite-v0")
 
 
 def taxi():
