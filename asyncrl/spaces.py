@@ -110,10 +110,12 @@ def flatten_space(space: gym.Space, prefix: str = "") -> Dict[str, Tuple[tuple, 
             try:
                 leaves = flatten_space(sub, f"{prefix}{k}.")
             except UnsupportedSpace as e:
-                keep = [other for other in space.spaces if other != k]  # MiniGrid's "mission"
-                if prefix or not isinstance(space, gym.spaces.Dict) or not keep or isinstance(
-                        sub, (gym.spaces.Dict, gym.spaces.Tuple)):
-                    raise  # only a top-level key is FilterObservation's to drop
+                # only a top-level Dict key of its own is FilterObservation's to drop
+                top_leaf = not prefix and isinstance(space, gym.spaces.Dict) and not isinstance(
+                    sub, (gym.spaces.Dict, gym.spaces.Tuple))
+                keep = [other for other in space.spaces if other != k] if top_leaf else []
+                if not keep:  # MiniGrid's "mission" has "image" and "direction" beside it
+                    raise
                 raise UnsupportedSpace(
                     f"{e}; or drop the key if the policy can do without it: "
                     f"gymnasium.wrappers.FilterObservation(env, {keep})") from None

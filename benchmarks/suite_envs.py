@@ -110,12 +110,12 @@ def nasim_small_linear():
 
 
 def nasim_medium_single_site():
-    """NASim medium's hosts behind one site: 16 hosts, sensitive (1, 3) and (1, 8)."""
+    """NASim's medium-single-site scenario: 16 hosts, sensitive (1, 3) and (1, 8)."""
     return nasim("MediumSingleSite-v0")
 
 
 def nasim_medium_multi_site():
-    """NASim medium's hosts over several sites: 16 hosts, sensitive (2, 1) and (3, 4)."""
+    """NASim's medium-multi-site scenario: 16 hosts, sensitive (2, 1) and (3, 4)."""
     return nasim("MediumMultiSite-v0")
 
 

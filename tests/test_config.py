@@ -215,10 +215,14 @@ def test_unsupported_top_level_key_names_the_filter_that_drops_it():
     with pytest.raises(ConfigError, match=r"'mission'.*FilterObservation\(env, \['direction', "
                        r"'image'\]\)"):  # a Dict sorts its keys
         flatten_space(space)
+    # only a top-level Dict key is the wrapper's to drop, and only beside another key
     nested = gym.spaces.Dict({"a": gym.spaces.Dict({"t": gym.spaces.Text(8), "x": box})})
-    with pytest.raises(ConfigError) as e:  # only a top-level key is the wrapper's to drop
-        flatten_space(nested)
-    assert "'a.t'" in str(e.value) and "FilterObservation" not in str(e.value), str(e.value)
+    for other, key in ((nested, "'a.t'"),
+                       (gym.spaces.Tuple((gym.spaces.Text(8), box)), "'0'"),
+                       (gym.spaces.Dict({"mission": gym.spaces.Text(8)}), "'mission'")):
+        with pytest.raises(ConfigError) as e:
+            flatten_space(other)
+        assert key in str(e.value) and "FilterObservation" not in str(e.value), str(e.value)
 
 
 def test_observation_outside_declared_space_rejected():
