@@ -7,7 +7,9 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -168,6 +170,14 @@ def sample_factory(module: str, flags: List[str], frames: int, seed: int,
         shutil.rmtree(train_dir, ignore_errors=True)
 
 
+def exit_on_sigterm() -> None:
+    """In a benchmark's main process: SIGTERM (a plain kill, a scheduler's) exits as sys.exit
+    does, so ``finally`` clauses and ``with`` blocks run: a run's APPO closes its workers, whose
+    envs close (VizDoom's engines remove their shared memory; killed, they leave it), and Sample
+    Factory's session is killed."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def parse_variant(text: str) -> dict:
     """A --variant: "field=value,field=value" -> {field: value} (values as Python literals where
     they are). A dotted name sets one key of a dict-valued argument:
@@ -186,6 +196,8 @@ def parse_variant(text: str) -> dict:
             into = into.setdefault(key, {})
             if not isinstance(into, dict):
                 raise ValueError(f"--variant {text!r}: {key} is given whole and by key")
+        if isinstance(into.get(leaf), dict):  # "x.k=1,x=2": the whole after a key of it
+            raise ValueError(f"--variant {text!r}: {leaf} is given whole and by key")
         into[leaf] = parse_value(value.strip())
     return out
 

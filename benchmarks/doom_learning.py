@@ -36,12 +36,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from typing import Optional
 
-from _common import SF_PYTHON, merged, parse_variant, plot_curves, sample_factory, write_runs
+from _common import (SF_PYTHON, exit_on_sigterm, merged, parse_variant, plot_curves,
+                     sample_factory, write_runs)
 
 from asyncrl import APPO
 from asyncrl.config import Config, available_cores, with_defaults
@@ -136,8 +136,7 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where both engines learn (cuda: asyncrl's GPU layout for both)")
     args = ap.parse_args()
-    # a plain kill ends the run through its finally clauses (Sample Factory's session is killed)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    exit_on_sigterm()
     if len(args.tag) != len(args.variant):
         ap.error("give each --variant its --tag (the runs' label: asyncrl-TAG)")
     try:

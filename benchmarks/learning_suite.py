@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import time
@@ -50,7 +49,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import suite_envs as se  # noqa: E402
-from _common import SF_PYTHON, merged, parse_variant, sample_factory, with_schedules  # noqa: E402
+from _common import (SF_PYTHON, exit_on_sigterm, merged, parse_variant,  # noqa: E402
+                     sample_factory, with_schedules)
 
 RESULTS = os.path.join(HERE, "results", "learning_suite")
 EVAL_SEED = 10_000  # episode i of every greedy evaluation resets with seed EVAL_SEED + i
@@ -644,7 +644,5 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    # SIGTERM (a scheduler's, kill's) unwinds the run's APPO as an exit does: its workers close
-    # their envs, so VizDoom's engines remove their shared memory (killed, they leave it)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    exit_on_sigterm()
     main()

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from _common import exit_on_sigterm
+
 # SB3's PPO defaults in asyncrl's fields: one env's 2,048 steps a batch (2 envs x 1,024: a rollout
 # worker steps two groups in turn), every sample from the latest policy, 10 epochs of minibatches
 # of 64, no observation or return normalisation, no brake on the update's move, no advantage-std
@@ -92,7 +94,7 @@ def main() -> None:
         p.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2")
     todo = [(c, s) for c in names for s in seeds]
     running: list = []
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    exit_on_sigterm()
     try:
         while todo or running:
             while todo and len(running) < max(1, args.jobs):  # one process a run

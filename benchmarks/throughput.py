@@ -37,14 +37,14 @@ import os
 import re
 import shutil
 import statistics
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
 import torch
-from _common import end_sf_session, merged, parse_variant, pyplot, raw_env_rate, steady_fps
+from _common import (end_sf_session, exit_on_sigterm, merged, parse_variant, pyplot,
+                     raw_env_rate, steady_fps)
 
 from asyncrl import APPO
 from asyncrl.buffers import SharedControl, buffer_spec
@@ -234,8 +234,7 @@ def main(argv=None) -> None:
     ap.add_argument("--png", default="throughput.png")
     add_config_flags(ap)
     args = ap.parse_args(argv)
-    # a plain kill ends the run through its finally clauses (Sample Factory's session is killed)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    exit_on_sigterm()
     flags = config_flags(vars(args))
     env = resolve_env(args.env)
     if args.sf and args.env not in SF_EXAMPLES:
