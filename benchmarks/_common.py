@@ -174,8 +174,16 @@ def exit_on_sigterm() -> None:
     """In a benchmark's main process: SIGTERM (a plain kill, a scheduler's) exits as sys.exit
     does, so ``finally`` clauses and ``with`` blocks run: a run's APPO closes its workers, whose
     envs close (VizDoom's engines remove their shared memory; killed, they leave it), and Sample
-    Factory's session is killed."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    Factory's session is killed. A repeat within cli.REPEATED_SIGTERM seconds (``timeout``
+    signals twice at once) is ignored, as in the CLI, so it cannot cut that clean-up short."""
+    from asyncrl.cli import Terminated, raise_terminated
+
+    def exit_once(signum, frame):
+        try:
+            raise_terminated(signum, frame)  # the CLI's handler: it drops the repeat
+        except Terminated:
+            sys.exit(128 + signal.SIGTERM)
+    signal.signal(signal.SIGTERM, exit_once)
 
 
 def parse_variant(text: str) -> dict:
