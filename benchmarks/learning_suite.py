@@ -13,7 +13,8 @@ own defaults (``PPO("MlpPolicy" | "MultiInputPolicy" | "CnnPolicy", env)``, one 
 for the same env steps; on Atari, where its defaults are not meant to be used, with RL Zoo's tuned
 settings (``Case.sb3_zoo``; 8 envs), on the same preprocessed env as asyncrl. Both log the
 training return (mean of the last 100 episodes) against env steps and wall time from the
-constructor's call (start-up included), and end with a greedy evaluation (20 episodes unless
+constructor's call (start-up included; asyncrl's curve also holds the weight updates so far and
+the last update's mean policy lag in versions, what an asynchronous run's dynamics turn on), and end with a greedy evaluation (20 episodes unless
 ``Case.eval_episodes`` says otherwise) on the same episodes for both libraries:
 episode ``i`` is reset with seed ``EVAL_SEED + i``. ``--libs sf`` runs Sample Factory 2.1.1's
 example of an env where it has one (``Case.sf``; its venv from
@@ -229,10 +230,12 @@ def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
     curve: List[list] = []
     t0 = time.perf_counter()
 
-    def record(model):
+    def record(model):  # [env steps, s, training return, episodes in it, updates, policy lag]
         window = min(model.logger.num_episodes, model.config.stats_window)
+        lag = model.logger.last_train.get("policy_lag_mean")  # of the last update; None before one
         curve.append([int(model.num_timesteps), time.perf_counter() - t0,
-                      float(model.logger.ep_rew_mean), window])
+                      float(model.logger.ep_rew_mean), window, int(model.policy_version),
+                      None if lag is None else round(float(lag), 2)])
 
     kwargs = merged({"seed": seed, "device": "cpu", "verbose": 0, **case.extra},
                     with_schedules(overrides))
