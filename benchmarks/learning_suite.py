@@ -14,8 +14,9 @@ for the same env steps; on Atari, where its defaults are not meant to be used, w
 settings (``Case.sb3_zoo``; 8 envs), on the same preprocessed env as asyncrl. Both log the
 training return (mean of the last 100 episodes) against env steps and wall time from the
 constructor's call (start-up included; asyncrl's curve also holds the weight updates so far and
-the last update's mean policy lag in versions, what an asynchronous run's dynamics turn on), and end with a greedy evaluation (20 episodes unless
-``Case.eval_episodes`` says otherwise) on the same episodes for both libraries:
+the last update's mean policy lag in versions, what an asynchronous run's dynamics turn on), and
+end with a greedy evaluation (20 episodes unless ``Case.eval_episodes`` says otherwise) on the
+same episodes for both libraries:
 episode ``i`` is reset with seed ``EVAL_SEED + i``. ``--libs sf`` runs Sample Factory 2.1.1's
 example of an env where it has one (``Case.sf``; its venv from
 ``../shared/bench/sample_factory/install.sh``), 2 workers x 8 envs, for the same env steps

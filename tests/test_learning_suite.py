@@ -71,3 +71,16 @@ def test_readmes_table_is_the_one_the_stored_runs_make(page, after):
     made = learning_suite.readme_table(learning_suite.load_runs(["asyncrl", "sb3"], any_budget=True))
     assert text[start:end].strip() == made.strip(), (
         f"{page}'s table differs from the stored runs': paste `python benchmarks/learning_suite.py --readme`")
+
+
+@pytest.mark.timeout(120)
+def test_an_asyncrl_run_records_updates_and_policy_lag_beside_its_curve(monkeypatch):
+    # a short CartPole run through the suite's own runner: each curve point holds the updates so
+    # far and the last update's mean policy lag, the asynchronous dynamics a stored run keeps
+    monkeypatch.setitem(learning_suite.CASES, "tiny",
+                        learning_suite.Case("CartPole-v1", 8_192, 475, "classic", eval_episodes=1))
+    run = learning_suite.run_asyncrl("tiny", 0, {"num_workers": 1, "num_envs_per_worker": 4})
+    steps, _, _, _, updates, lag = run["curve"][-1]
+    assert steps >= 8_192 and updates >= 1 and isinstance(lag, float) and 0.0 <= lag < 50
+    assert all(len(point) == 6 for point in run["curve"])
+    assert [p[4] for p in run["curve"]] == sorted(p[4] for p in run["curve"])  # never back
