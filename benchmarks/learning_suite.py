@@ -11,7 +11,9 @@ Per env of ``CASES`` and seed, ``APPO(env, seed=s, device="cpu")`` with nothing 
 workers x 8 envs, the defaults a user gets) trains for the env's budget; SB3's ``PPO`` with its
 own defaults (``PPO("MlpPolicy" | "MultiInputPolicy" | "CnnPolicy", env)``, one env, CPU) trains
 for the same env steps; on Atari, where its defaults are not meant to be used, with RL Zoo's tuned
-settings (``Case.sb3_zoo``; 8 envs), on the same preprocessed env as asyncrl. Both log the
+settings (``Case.sb3_zoo``; 8 envs), on the same preprocessed env as asyncrl. ``--libs sb3zoo``
+trains SB3 with RL Zoo's tuned entry for the env wherever ``ppo.yml`` has one (``zoo_key``,
+``run_sb3``), stored apart; ``--readme --against sb3zoo`` measures asyncrl against it. All log the
 training return (mean of the last 100 episodes) against env steps and wall time from the
 constructor's call (start-up included; asyncrl's curve also holds the weight updates so far and
 the last update's mean policy lag in versions, what an asynchronous run's dynamics turn on), and
@@ -224,6 +226,28 @@ def zoo_hyperparams(key: str) -> dict:
     return entry
 
 
+def zoo_key(case: Case, keys: Optional[List[str]] = None) -> Optional[str]:
+    """The entry of RL Zoo's ``ppo.yml`` (its entries' names: ``keys``, read from the installed
+    rl-zoo3 when not given) tuned for ``case``'s env: its Gymnasium id, of any version (the zoo's
+    MuJoCo entries are for v4, the suite's envs v5: the same bodies and rewards), or
+    ``Case.sb3_zoo`` where the case names one. None where the zoo has no entry or the case's env
+    is a factory (a suite_envs wrapper stack the zoo's entries were not tuned on)."""
+    if case.sb3_zoo:
+        return case.sb3_zoo
+    if not isinstance(case.env, str):
+        return None
+    if keys is None:
+        import importlib.util
+        import yaml
+        spec = importlib.util.find_spec("rl_zoo3")
+        if spec is None:
+            raise SystemExit("--libs sb3zoo reads RL Zoo's tuned settings: pip install --no-deps rl-zoo3")
+        with open(os.path.join(spec.submodule_search_locations[0], "hyperparams", "ppo.yml")) as f:
+            keys = list(yaml.safe_load(f))
+    base = case.env.rsplit("-v", 1)[0]
+    return next((k for k in keys if k.rsplit("-v", 1)[0] == base), None)
+
+
 # --- one run of each library --------------------------------------------------------------------
 def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
     from asyncrl import APPO
@@ -254,14 +278,28 @@ def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
                 greedy_mean=mean, greedy_std=std, sampled_mean=sampled, config=config)
 
 
-def run_sb3(name: str, seed: int) -> dict:
+def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
+    """SB3's run of ``name``: its defaults (RL Zoo's settings where ``Case.sb3_zoo`` names an
+    entry), or with ``zoo`` RL Zoo's tuned entry for the env (``zoo_key``) as the zoo trains it:
+    its envs, ``VecNormalize`` (discounted by the entry's gamma) where it normalises, its
+    ``policy_kwargs``; the greedy evaluation then sees observations normalised by the training
+    statistics, frozen."""
     import gymnasium as gym
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.atari_wrappers import ClipRewardEnv
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
     case = CASES[name]
-    hyper = zoo_hyperparams(case.sb3_zoo) if case.sb3_zoo else {}
+    key = zoo_key(case) if zoo else case.sb3_zoo
+    if zoo and key is None:
+        raise ValueError(f"{name}: RL Zoo has no PPO entry for it")
+    hyper = zoo_hyperparams(key) if key else {}
+    normalize = hyper.pop("normalize", False)
+    normalize = eval(normalize) if isinstance(normalize, str) else (  # noqa: S307 (the zoo's own file)
+        {} if normalize else None)
+    if isinstance(hyper.get("policy_kwargs"), str):
+        hyper["policy_kwargs"] = eval(hyper["policy_kwargs"], {"nn": torch.nn, "dict": dict})  # noqa: S307
     images = case.family in ("atari", "doom")  # a CNN: every core, as torch would by default
     torch.set_num_threads(os.cpu_count() if images else 1)
     curve: List[list] = []
@@ -284,6 +322,8 @@ def run_sb3(name: str, seed: int) -> dict:
     n_envs = hyper.pop("n_envs", 1)  # Atari: rewards sign-clipped outside Monitor (the game's score)
     env = make_vec_env(make, n_envs, seed=seed,
                        wrapper_class=ClipRewardEnv if case.family == "atari" else None)
+    if normalize is not None:  # outside Monitor: the curve stays in the env's own returns
+        env = VecNormalize(env, **{"gamma": hyper.get("gamma", 0.99), **normalize})
     if case.sb3 == "RecurrentPPO":
         from sb3_contrib import RecurrentPPO as Algo
         policy = "MlpLstmPolicy"
@@ -298,12 +338,15 @@ def run_sb3(name: str, seed: int) -> dict:
         if model.logger is not None and model.logger.get_dir():
             shutil.rmtree(model.logger.get_dir(), ignore_errors=True)
     wall = time.perf_counter() - t0
-    returns = sb3_eval_returns(model, make(), eval_episodes(case))
+    obs_fn = env.normalize_obs if normalize is not None else None  # its statistics, frozen now
+    returns = sb3_eval_returns(model, make(), eval_episodes(case), obs_fn=obs_fn)
     mean, std = float(np.mean(returns)), float(np.std(returns))
-    sampled = float(np.mean(sb3_eval_returns(model, make(), eval_episodes(case), deterministic=False)))
-    return dict(lib="sb3", env=name, steps=case.steps, seed=seed, overrides={}, curve=curve, wall=wall,
-                greedy_mean=float(mean), greedy_std=float(std), sampled_mean=sampled,
-                config={"algo": case.sb3, "zoo": case.sb3_zoo, "n_envs": n_envs})
+    sampled = float(np.mean(sb3_eval_returns(model, make(), eval_episodes(case), deterministic=False,
+                                             obs_fn=obs_fn)))
+    return dict(lib="sb3zoo" if zoo else "sb3", env=name, steps=case.steps, seed=seed, overrides={},
+                curve=curve, wall=wall, greedy_mean=float(mean), greedy_std=float(std),
+                sampled_mean=sampled, config={"algo": case.sb3, "zoo": key, "n_envs": n_envs,
+                                              "normalize": normalize is not None})
 
 
 def run_sf(name: str, seed: int) -> dict:
@@ -327,17 +370,19 @@ def run_sf(name: str, seed: int) -> dict:
                 config={"module": module, "flags": list(flags), "layout": [2, 8]})
 
 
-def sb3_eval_returns(model, env, episodes: int, deterministic: bool = True) -> List[float]:
+def sb3_eval_returns(model, env, episodes: int, deterministic: bool = True,
+                     obs_fn=None) -> List[float]:
     """SB3's policy on the episodes asyncrl's ``evaluate(seed=EVAL_SEED)`` plays
     (SB3's ``evaluate_policy`` cannot seed episodes: on FrozenLake the optimal policy's score
-    over 100 unseeded episodes has a std of 0.044, and it scores 0.67 on seeds 10,000-10,099)."""
+    over 100 unseeded episodes has a std of 0.044, and it scores 0.67 on seeds 10,000-10,099);
+    ``obs_fn`` maps each observation before the policy sees it (a ``VecNormalize``'s)."""
     returns = []
     for ep in range(episodes):
         obs, _ = env.reset(seed=EVAL_SEED + ep)
         state, start, total, done = None, np.ones(1, dtype=bool), 0.0, False
         while not done:
-            action, state = model.predict(obs, state=state, episode_start=start,
-                                          deterministic=deterministic)
+            action, state = model.predict(obs if obs_fn is None else obs_fn(obs), state=state,
+                                          episode_start=start, deterministic=deterministic)
             obs, reward, terminated, truncated, _ = env.step(action)
             total, start, done = total + float(reward), np.zeros(1, dtype=bool), terminated or truncated
         returns.append(total)
@@ -466,29 +511,35 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "heldout3": "Held out, third round (2026-12-05)", "doom": "VizDoom"}
 
 
-def readme_table(runs: List[dict]) -> str:
+def readme_table(runs: List[dict], reference: str = "sb3") -> str:
     """The README's table, per family: one row per env and budget with stored asyncrl runs, its
     greedy score beside SB3's (median and range over seeds), the env steps and wall time to the
     target, and the issue's criterion (``against_sb3``). Every stored budget of an env is a row
-    (the quick and the full one), so ``runs`` here are not filtered by ``CASES``' budgets."""
+    (the quick and the full one), so ``runs`` here are not filtered by ``CASES``' budgets. With
+    ``reference="sb3zoo"``, SB3 is its runs with RL Zoo's tuned settings, and only the env
+    budgets that have them are rows."""
     rows = []
     families = list(dict.fromkeys([*FAMILIES, *(c.family for c in CASES.values())]))
+    who = "SB3 (RL Zoo)" if reference == "sb3zoo" else "SB3"
     for family in families:
         title = FAMILIES.get(family, family)
         keys = sorted({(r["env"], r["steps"]) for r in runs if r["label"] == "asyncrl"
-                       and CASES[r["env"]].family == family},
+                       and CASES[r["env"]].family == family and (reference == "sb3" or any(
+                           o["label"] == reference and (o["env"], o["steps"]) == (r["env"], r["steps"])
+                           for o in runs))},
                       key=lambda k: (list(CASES).index(k[0]), k[1]))
         if not keys:
             continue
         rows += [f"\n**{title}**\n",
-                 "| env (budget) | target | asyncrl greedy, median (range) | SB3 greedy | "
-                 "asyncrl to target: env steps, wall time | SB3 to target | to SB3's final return, / SB3's wall time |",
+                 f"| env (budget) | target | asyncrl greedy, median (range) | {who} greedy | "
+                 f"asyncrl to target: env steps, wall time | {who} to target | to {who}'s final "
+                 f"return, / {who}'s wall time |",
                  "|---|---|---|---|---|---|---|"]
         for env, steps in keys:
             target = CASES[env].target
             of = [r for r in runs if r["env"] == env and r["steps"] == steps]
             mine = [r for r in of if r["label"] == "asyncrl"]
-            sb3 = [r for r in of if r["label"] == "sb3"]
+            sb3 = [r for r in of if r["label"] == reference]
             no_sb3 = "not run at this budget" if CASES[env].sb3 else "SB3 cannot run it"
 
             def reached(rs: List[dict]) -> str:
@@ -567,9 +618,12 @@ def main(argv: Optional[List[str]] = None) -> None:
                    "the quick subset): "
                    + ", ".join(f"{n} ({c.quick:,} steps)" for n, c in CASES.items() if c.quick))
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--libs", default="asyncrl,sb3", help="of asyncrl, sb3 and sf (Sample Factory's "
-                   "examples, where an env has one: " + ", ".join(n for n, c in CASES.items() if c.sf) + ")")
-    p.add_argument("--rerun_sb3", action="store_true", help="train SB3 again where a stored run exists")
+    p.add_argument("--libs", default="asyncrl,sb3", help="of asyncrl, sb3, sb3zoo (SB3 with RL Zoo's "
+                   "tuned entry for the env, where ppo.yml has one and the case is a Gymnasium id) "
+                   "and sf (Sample Factory's examples, where an env has one: "
+                   + ", ".join(n for n, c in CASES.items() if c.sf) + ")")
+    p.add_argument("--rerun_sb3", action="store_true", help="train SB3 (sb3, sb3zoo) again where a "
+                   "stored run exists")
     p.add_argument("--steps_scale", type=float, default=1.0, help="multiply every budget (trials)")
     p.add_argument("--variant", default="", help='asyncrl settings over the defaults, "field=value,...": '
                    "stored under the tag --tag, not as the defaults' runs; a dotted name sets "
@@ -579,9 +633,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--compare", default="", help="extra labels to report, e.g. asyncrl-lr3e4")
     p.add_argument("--readme", action="store_true", help="only print the README's table, per family, "
                    "from every stored run of asyncrl and SB3 (every budget)")
+    p.add_argument("--against", default="sb3", choices=("sb3", "sb3zoo"), help="--readme's SB3: its "
+                   "defaults, or RL Zoo's tuned settings (the env budgets with such runs)")
     args = p.parse_args(argv)
     if args.readme:
-        print(readme_table(load_runs(["asyncrl", "sb3"], any_budget=True)))
+        print(readme_table(load_runs(["asyncrl", args.against], any_budget=True), args.against))
         return
     for case in CASES.values():
         case.steps = int((case.quick if args.quick and case.quick else case.steps) * args.steps_scale)
@@ -593,8 +649,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.variant and not args.tag:
         p.error("--variant needs --tag (its runs are stored apart from the defaults')")
     libs = [x.strip() for x in args.libs.split(",") if x.strip()]
-    if set(libs) - {"asyncrl", "sb3", "sf"}:
-        p.error(f"--libs {args.libs!r}: of asyncrl, sb3 and sf")
+    if set(libs) - {"asyncrl", "sb3", "sb3zoo", "sf"}:
+        p.error(f"--libs {args.libs!r}: of asyncrl, sb3, sb3zoo and sf")
+    if "sb3zoo" in libs and not args.report:
+        without = [n for n in names if zoo_key(CASES[n]) is None or not CASES[n].sb3]
+        if without:
+            print(f"sb3zoo: RL Zoo has no PPO entry for {', '.join(without)}; not run there", flush=True)
     if "sf" in libs and not args.report:
         if not os.path.exists(SF_PYTHON):
             p.error(f"--libs sf: {SF_PYTHON} not found; run ../shared/bench/sample_factory/install.sh "
@@ -620,12 +680,15 @@ def main(argv: Optional[List[str]] = None) -> None:
                     print(f"asyncrl{tag} {name} seed {seed}: greedy {run['greedy_mean']:.3g} "
                           f"(train {run['curve'][-1][2]:.3g}) in {run['wall']:.0f} s, "
                           f"to target {time_to_target(run, CASES[name].target)}", flush=True)
-                if "sb3" in libs and CASES[name].sb3:
-                    if os.path.exists(run_path("sb3", name, CASES[name].steps, seed)) and not args.rerun_sb3:
+                for lib in ("sb3", "sb3zoo"):  # stored once and reused (slow on 2 cores)
+                    zoo = lib == "sb3zoo"
+                    if (lib not in libs or not CASES[name].sb3 or (zoo and not zoo_key(CASES[name]))
+                            or (os.path.exists(run_path(lib, name, CASES[name].steps, seed))
+                                and not args.rerun_sb3)):
                         continue
-                    run = run_sb3(name, seed)
+                    run = run_sb3(name, seed, zoo=zoo)
                     save_run(run)
-                    print(f"sb3 {name} seed {seed}: greedy {run['greedy_mean']:.3g} in "
+                    print(f"{lib} {name} seed {seed}: greedy {run['greedy_mean']:.3g} in "
                           f"{run['wall']:.0f} s, to target {time_to_target(run, CASES[name].target)}",
                           flush=True)
                 if "sf" in libs and CASES[name].sf:

@@ -61,6 +61,31 @@ def test_readme_table_rows_per_family_and_budget_with_sb3_beside():
     assert learning_suite.score(4363.2) == "4,363" and learning_suite.score(-0.0634) == "-0.0634"
 
 
+def test_against_rl_zoo_the_table_holds_the_envs_with_zoo_runs_and_measures_against_them():
+    def stored(label, env, steps, points, wall):
+        return dict(run(points, wall), label=label, env=env, steps=steps, greedy_mean=100.0)
+
+    runs = [stored("asyncrl", "pendulum", 200_000, [(5, -300.0, FULL), (9, -150.0, FULL)], 10),
+            stored("asyncrl", "acrobot", 200_000, [(5, -90.0, FULL)], 10),
+            stored("sb3", "pendulum", 200_000, [(40, -400.0, FULL)], 60),
+            stored("sb3zoo", "pendulum", 200_000, [(20, -180.0, FULL)], 30)]
+    lines = learning_suite.readme_table(runs, reference="sb3zoo").splitlines()
+    assert any("SB3 (RL Zoo) greedy" in line for line in lines)
+    # acrobot has no zoo run: no row; pendulum's criterion is against the zoo's -180 in 30 s
+    assert not any(line.startswith("| acrobot") for line in lines)
+    row = next(line for line in lines if line.startswith("| pendulum (200k) |"))
+    assert row.endswith("| 0.30 (1/1 reach -180) |")
+
+
+def test_rl_zoos_entry_is_the_envs_id_of_any_version_and_none_for_a_factory():
+    cases, key = learning_suite.CASES, learning_suite.zoo_key
+    keys = ["HalfCheetah-v4", "HalfCheetahBulletEnv-v0", "MiniGrid-DoorKey-5x5-v0", "atari"]
+    assert key(cases["halfcheetah"], keys) == "HalfCheetah-v4"  # the zoo's v4 for the suite's v5
+    assert key(cases["breakout"], keys) == "atari"  # the case's own entry
+    assert key(cases["minigrid-doorkey5"], keys) is None  # a suite_envs factory
+    assert key(cases["hopper"], keys) is None  # no entry
+
+
 @pytest.mark.parametrize("page, after", [("README.md", "Rows of earlier code"),
                                          ("docs/benchmarks/learning-suite.md", "What the reruns changed")])
 def test_readmes_table_is_the_one_the_stored_runs_make(page, after):
