@@ -39,6 +39,7 @@ return, as a user watching ``ep_rew_mean`` would.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -202,20 +203,26 @@ def eval_episodes(case: Case) -> int:
     return case.eval_episodes or 20
 
 
-def zoo_hyperparams(key: str) -> dict:
-    """RL Zoo's PPO settings ``key`` of its ``hyperparams/ppo.yml`` (``pip install rl-zoo3``;
-    ``--no-deps`` suffices: read from the installed package, not imported) as ``PPO`` arguments: ``lin_X`` as a linear
-    schedule from X to 0 over the run, ``n_envs`` and ``policy`` kept for the caller. Its
-    ``frame_stack`` and ``env_wrapper`` are not applied: both libraries get asyncrl's
-    preprocessing (which stacks 4 frames; checked here)."""
+@functools.lru_cache(maxsize=1)
+def zoo_entries() -> dict:
+    """RL Zoo's ``hyperparams/ppo.yml``, every entry by name (``pip install rl-zoo3``;
+    ``--no-deps`` suffices: read from the installed package, not imported)."""
     import importlib.util
     import yaml
     spec = importlib.util.find_spec("rl_zoo3")
     if spec is None:
-        raise SystemExit("SB3's Atari runs use RL Zoo's tuned settings: pip install --no-deps "
-                         "rl-zoo3 (only its hyperparams/ppo.yml is read)")
+        raise SystemExit("SB3's Atari runs and --libs sb3zoo use RL Zoo's tuned settings: pip install "
+                         "--no-deps rl-zoo3 (only its hyperparams/ppo.yml is read)")
     with open(os.path.join(spec.submodule_search_locations[0], "hyperparams", "ppo.yml")) as f:
-        entry = dict(yaml.safe_load(f)[key])
+        return yaml.safe_load(f)
+
+
+def zoo_hyperparams(key: str) -> dict:
+    """RL Zoo's PPO settings ``key`` (``zoo_entries``) as ``PPO`` arguments: ``lin_X`` as a linear
+    schedule from X to 0 over the run, ``n_envs`` and ``policy`` kept for the caller. Its
+    ``frame_stack`` and ``env_wrapper`` are not applied: both libraries get asyncrl's
+    preprocessing (which stacks 4 frames; checked here)."""
+    entry = dict(zoo_entries()[key])
     if entry.pop("frame_stack", 4) != 4:
         raise SystemExit(f"RL Zoo's {key!r} stacks other than 4 frames: the suite's env stacks 4")
     for drop in ("env_wrapper", "n_timesteps"):
@@ -227,25 +234,18 @@ def zoo_hyperparams(key: str) -> dict:
 
 
 def zoo_key(case: Case, keys: Optional[List[str]] = None) -> Optional[str]:
-    """The entry of RL Zoo's ``ppo.yml`` (its entries' names: ``keys``, read from the installed
-    rl-zoo3 when not given) tuned for ``case``'s env: its Gymnasium id, of any version (the zoo's
-    MuJoCo entries are for v4, the suite's envs v5: the same bodies and rewards), or
-    ``Case.sb3_zoo`` where the case names one. None where the zoo has no entry or the case's env
-    is a factory (a suite_envs wrapper stack the zoo's entries were not tuned on)."""
+    """The entry of RL Zoo's ``ppo.yml`` (its entries' names: ``keys``, ``zoo_entries()``'s when
+    not given) tuned for ``case``'s env: its Gymnasium id, of any version (the zoo's MuJoCo
+    entries are for v4, the suite's envs v5: the same bodies and rewards), or ``Case.sb3_zoo``
+    where the case names one. None where the zoo has no entry or the case's env is a factory (a
+    suite_envs wrapper stack the zoo's entries were not tuned on)."""
     if case.sb3_zoo:
         return case.sb3_zoo
     if not isinstance(case.env, str):
         return None
-    if keys is None:
-        import importlib.util
-        import yaml
-        spec = importlib.util.find_spec("rl_zoo3")
-        if spec is None:
-            raise SystemExit("--libs sb3zoo reads RL Zoo's tuned settings: pip install --no-deps rl-zoo3")
-        with open(os.path.join(spec.submodule_search_locations[0], "hyperparams", "ppo.yml")) as f:
-            keys = list(yaml.safe_load(f))
     base = case.env.rsplit("-v", 1)[0]
-    return next((k for k in keys if k.rsplit("-v", 1)[0] == base), None)
+    return next((k for k in (zoo_entries() if keys is None else keys)
+                 if k.rsplit("-v", 1)[0] == base), None)
 
 
 # --- one run of each library --------------------------------------------------------------------
@@ -521,12 +521,12 @@ def readme_table(runs: List[dict], reference: str = "sb3") -> str:
     rows = []
     families = list(dict.fromkeys([*FAMILIES, *(c.family for c in CASES.values())]))
     who = "SB3 (RL Zoo)" if reference == "sb3zoo" else "SB3"
+    referenced = {(r["env"], r["steps"]) for r in runs if r["label"] == reference}
     for family in families:
         title = FAMILIES.get(family, family)
         keys = sorted({(r["env"], r["steps"]) for r in runs if r["label"] == "asyncrl"
-                       and CASES[r["env"]].family == family and (reference == "sb3" or any(
-                           o["label"] == reference and (o["env"], o["steps"]) == (r["env"], r["steps"])
-                           for o in runs))},
+                       and CASES[r["env"]].family == family
+                       and (reference == "sb3" or (r["env"], r["steps"]) in referenced)},
                       key=lambda k: (list(CASES).index(k[0]), k[1]))
         if not keys:
             continue
