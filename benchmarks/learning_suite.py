@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -220,8 +220,9 @@ def zoo_entries() -> dict:
 def zoo_hyperparams(key: str) -> dict:
     """RL Zoo's PPO settings ``key`` (``zoo_entries``) as ``PPO`` arguments: ``lin_X`` as a linear
     schedule from X to 0 over the run, ``n_envs`` and ``policy`` kept for the caller. Its
-    ``frame_stack`` and ``env_wrapper`` are not applied: both libraries get asyncrl's
-    preprocessing (which stacks 4 frames; checked here)."""
+    ``frame_stack`` and ``env_wrapper`` are not applied: both libraries get the suite's env
+    (asyncrl's Atari preprocessing, which stacks 4 frames, checked here; MiniGrid's image and
+    direction, where the zoo's ``FlatObsWrapper`` gives the image and the mission's text)."""
     entry = dict(zoo_entries()[key])
     if entry.pop("frame_stack", 4) != 4:
         raise SystemExit(f"RL Zoo's {key!r} stacks other than 4 frames: the suite's env stacks 4")
@@ -233,17 +234,30 @@ def zoo_hyperparams(key: str) -> dict:
     return entry
 
 
+@functools.lru_cache(maxsize=None)
+def made_id(factory: Callable) -> Optional[str]:
+    """The Gymnasium id that the env of a suite_envs ``factory`` was made from (its ``spec``; a
+    factory's wrappers keep the task and change the view); None for an env made without one."""
+    env = factory()
+    try:
+        spec = getattr(env, "spec", None)
+        return spec.id if spec is not None else None
+    finally:
+        env.close()
+
+
 def zoo_key(case: Case, keys: Optional[List[str]] = None) -> Optional[str]:
     """The entry of RL Zoo's ``ppo.yml`` (its entries' names: ``keys``, ``zoo_entries()``'s when
     not given) tuned for ``case``'s env: its Gymnasium id, of any version (the zoo's MuJoCo
-    entries are for v4, the suite's envs v5: the same bodies and rewards), or ``Case.sb3_zoo``
-    where the case names one. None where the zoo has no entry or the case's env is a factory (a
-    suite_envs wrapper stack the zoo's entries were not tuned on)."""
+    entries are for v4, the suite's envs v5: the same bodies and rewards), a factory's by the id
+    its env was made from (``made_id``: MiniGrid's tasks), or ``Case.sb3_zoo`` where the case
+    names one. None where the zoo has no entry."""
     if case.sb3_zoo:
         return case.sb3_zoo
-    if not isinstance(case.env, str):
+    env_id = case.env if isinstance(case.env, str) else made_id(case.env)
+    if env_id is None:
         return None
-    base = case.env.rsplit("-v", 1)[0]
+    base = env_id.rsplit("-v", 1)[0]
     return next((k for k in (zoo_entries() if keys is None else keys)
                  if k.rsplit("-v", 1)[0] == base), None)
 
@@ -652,7 +666,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if set(libs) - {"asyncrl", "sb3", "sb3zoo", "sf"}:
         p.error(f"--libs {args.libs!r}: of asyncrl, sb3, sb3zoo and sf")
     if "sb3zoo" in libs and not args.report:
-        without = [n for n in names if zoo_key(CASES[n]) is None or not CASES[n].sb3]
+        without = [n for n in names if not CASES[n].sb3 or zoo_key(CASES[n]) is None]
         if without:
             print(f"sb3zoo: RL Zoo has no PPO entry for {', '.join(without)}; not run there", flush=True)
     if "sf" in libs and not args.report:
