@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import shutil
@@ -220,9 +221,8 @@ def zoo_entries() -> dict:
 def zoo_hyperparams(key: str) -> dict:
     """RL Zoo's PPO settings ``key`` (``zoo_entries``) as ``PPO`` arguments: ``lin_X`` as a linear
     schedule from X to 0 over the run, ``n_envs`` and ``policy`` kept for the caller. Its
-    ``frame_stack`` and ``env_wrapper`` are not applied: both libraries get the suite's env
-    (asyncrl's Atari preprocessing, which stacks 4 frames, checked here; MiniGrid's image and
-    direction, where the zoo's ``FlatObsWrapper`` gives the image and the mission's text)."""
+    ``frame_stack`` and ``env_wrapper`` are left to ``run_sb3`` (Atari's are asyncrl's
+    preprocessing, which stacks 4 frames: checked here)."""
     entry = dict(zoo_entries()[key])
     if entry.pop("frame_stack", 4) != 4:
         raise SystemExit(f"RL Zoo's {key!r} stacks other than 4 frames: the suite's env stacks 4")
@@ -296,8 +296,11 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
     """SB3's run of ``name``: its defaults (RL Zoo's settings where ``Case.sb3_zoo`` names an
     entry), or with ``zoo`` RL Zoo's tuned entry for the env (``zoo_key``) as the zoo trains it:
     its envs, ``VecNormalize`` (discounted by the entry's gamma) where it normalises, its
-    ``policy_kwargs``; the greedy evaluation then sees observations normalised by the training
-    statistics, frozen."""
+    ``policy_kwargs``, and for a factory's env its ``env_wrapper`` on the env made from the id
+    (MiniGrid's ``FlatObsWrapper``: the image and the mission's text, where the factory gives the
+    image and the direction; the task and its reward are the same); the greedy evaluation then
+    sees observations normalised by the training statistics, frozen. An id's env is made as
+    asyncrl makes it (Atari's preprocessing is the zoo's ``AtariWrapper``)."""
     import gymnasium as gym
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
@@ -327,10 +330,19 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
                 curve.append([self.num_timesteps, time.perf_counter() - t0, ret, len(buf)])
             return True
 
+    wrapper_name = zoo_entries()[key].get("env_wrapper") if zoo and callable(case.env) else None
+    wrapper = None
+    if wrapper_name:  # "package.module.Class"
+        module, _, cls = wrapper_name.rpartition(".")
+        wrapper = getattr(importlib.import_module(module), cls)
+
     def make():
         from asyncrl.envs import make_env  # ALE and Vizdoom ids as asyncrl makes them
         kwargs = case.extra.get("env_kwargs", {})  # as APPO(case.env, env_kwargs=...) makes it
-        env = case.env() if callable(case.env) else make_env(case.env, **kwargs)
+        if wrapper:
+            env = wrapper(gym.make(made_id(case.env)))
+        else:
+            env = case.env() if callable(case.env) else make_env(case.env, **kwargs)
         return se.sb3_view(env)
 
     n_envs = hyper.pop("n_envs", 1)  # Atari: rewards sign-clipped outside Monitor (the game's score)
@@ -360,7 +372,8 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
     return dict(lib="sb3zoo" if zoo else "sb3", env=name, steps=case.steps, seed=seed, overrides={},
                 curve=curve, wall=wall, greedy_mean=float(mean), greedy_std=float(std),
                 sampled_mean=sampled, config={"algo": case.sb3, "zoo": key, "n_envs": n_envs,
-                                              "normalize": normalize is not None})
+                                              "normalize": normalize is not None,
+                                              "env_wrapper": wrapper_name})
 
 
 def run_sf(name: str, seed: int) -> dict:
