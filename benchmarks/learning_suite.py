@@ -333,6 +333,9 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
     wrapper_name = zoo_entries()[key].get("env_wrapper") if zoo and callable(case.env) else None
     wrapper = None
     if wrapper_name:  # "package.module.Class"
+        if not isinstance(wrapper_name, str):  # the zoo also writes lists of wrappers with arguments
+            raise SystemExit(f"{name}: RL Zoo's env_wrapper {wrapper_name!r} is not one class; "
+                             "run_sb3 applies one wrapper class by its dotted name")
         module, _, cls = wrapper_name.rpartition(".")
         wrapper = getattr(importlib.import_module(module), cls)
 
