@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -208,7 +208,6 @@ def eval_episodes(case: Case) -> int:
 def zoo_entries() -> dict:
     """RL Zoo's ``hyperparams/ppo.yml``, every entry by name (``pip install rl-zoo3``;
     ``--no-deps`` suffices: read from the installed package, not imported)."""
-    import importlib.util
     import yaml
     spec = importlib.util.find_spec("rl_zoo3")
     if spec is None:
@@ -220,14 +219,13 @@ def zoo_entries() -> dict:
 
 def zoo_hyperparams(key: str) -> dict:
     """RL Zoo's PPO settings ``key`` (``zoo_entries``) as ``PPO`` arguments: ``lin_X`` as a linear
-    schedule from X to 0 over the run, ``n_envs`` and ``policy`` kept for the caller. Its
-    ``frame_stack`` and ``env_wrapper`` are left to ``run_sb3`` (Atari's are asyncrl's
-    preprocessing, which stacks 4 frames: checked here)."""
+    schedule from X to 0 over the run, ``n_envs``, ``policy`` and ``env_wrapper`` kept for the
+    caller (``run_sb3``). Its ``frame_stack`` is asyncrl's preprocessing's, which stacks 4
+    frames (checked here), as Atari's ``env_wrapper`` is."""
     entry = dict(zoo_entries()[key])
     if entry.pop("frame_stack", 4) != 4:
         raise SystemExit(f"RL Zoo's {key!r} stacks other than 4 frames: the suite's env stacks 4")
-    for drop in ("env_wrapper", "n_timesteps"):
-        entry.pop(drop, None)
+    entry.pop("n_timesteps", None)
     for name, value in entry.items():
         if isinstance(value, str) and value.startswith("lin_"):
             entry[name] = (lambda start: lambda remaining: remaining * start)(float(value[4:]))
@@ -330,7 +328,8 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
                 curve.append([self.num_timesteps, time.perf_counter() - t0, ret, len(buf)])
             return True
 
-    wrapper_name = zoo_entries()[key].get("env_wrapper") if zoo and callable(case.env) else None
+    wrapper_name = hyper.pop("env_wrapper", None)  # a factory's env only (an id's: asyncrl's)
+    wrapper_name = wrapper_name if zoo and callable(case.env) else None
     wrapper = None
     if wrapper_name:  # "package.module.Class"
         if not isinstance(wrapper_name, str):  # the zoo also writes lists of wrappers with arguments
