@@ -186,15 +186,44 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, exit_once)
 
 
+def top_level_parts(text: str) -> list:
+    """``text`` split on the commas outside brackets and quotes: "a=(1, 2),b='x,y'" ->
+    ["a=(1, 2)", "b='x,y'"]. ValueError where a bracket or quote is left open or closes one
+    that was not opened."""
+    parts, depth, quote, start = [], [], "", 0
+    pairs = {")": "(", "]": "[", "}": "{"}
+    for i, c in enumerate(text):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth.append(c)
+        elif c in pairs:
+            if not depth or depth.pop() != pairs[c]:
+                raise ValueError(f"{text!r}: {c!r} at {i} closes no bracket")
+        elif c == "," and not depth:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth or quote:
+        raise ValueError(f"{text!r}: {(depth or [quote])[-1]!r} is not closed")
+    return parts + [text[start:]]
+
+
 def parse_variant(text: str) -> dict:
     """A --variant: "field=value,field=value" -> {field: value} (values as Python literals where
-    they are). A dotted name sets one key of a dict-valued argument:
-    "policy_kwargs.log_std_init=0.0" -> {"policy_kwargs": {"log_std_init": 0.0}}, which
-    ``merged`` lays over the run's own policy_kwargs (a whole dict would not fit here: the
-    parts split on commas). ValueError naming the part that is not field=value."""
+    they are; a comma inside brackets or quotes belongs to its value, so
+    "hidden_sizes=(256, 256)" is one field). A dotted name sets one key of a dict-valued
+    argument: "policy_kwargs.log_std_init=0.0" -> {"policy_kwargs": {"log_std_init": 0.0}}, which
+    ``merged`` lays over the run's own policy_kwargs, where "policy_kwargs=dict(...)" would
+    replace it (and is not a literal). ValueError naming the part that is not field=value."""
     from asyncrl.flags import parse_value
     out: dict = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+    try:
+        parts = top_level_parts(text or "")
+    except ValueError as e:
+        raise ValueError(f"--variant {e}") from None
+    for part in filter(None, (p.strip() for p in parts)):
         name, eq, value = part.partition("=")
         *path, leaf = name.strip().split(".")
         if not eq or not leaf or not all(path):

@@ -56,7 +56,13 @@ def test_a_dotted_variant_sets_one_key_of_a_dict_argument_and_keeps_the_others()
         "policy_kwargs": {"net_arch": [64, 64], "log_std_init": 0.0, "ortho_init": False},
         "num_epochs": 10}
     assert base["policy_kwargs"]["log_std_init"] == -0.5  # the run's own dict is not changed
-    for bad in ("policy_kwargs.=1", ".x=1", "num_epochs=4,num_epochs.x=1", "x.k=1,x=2"):
+    # a comma inside brackets or quotes is its value's: tuples, lists and dicts, as RL Zoo writes
+    assert _common.parse_variant("hidden_sizes=(256, 256),policy_kwargs.net_arch={'pi': [256, 256],"
+                                 " 'vf': [256]},cnn='a,b'") == {
+        "hidden_sizes": (256, 256), "policy_kwargs": {"net_arch": {"pi": [256, 256], "vf": [256]}},
+        "cnn": "a,b"}
+    for bad in ("policy_kwargs.=1", ".x=1", "num_epochs=4,num_epochs.x=1", "x.k=1,x=2",
+                "hidden_sizes=(256, 256", "hidden_sizes=[256, 256)", "cnn='a"):
         with pytest.raises(ValueError, match="--variant"):
             _common.parse_variant(bad)
 
