@@ -655,8 +655,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                    "stored run exists")
     p.add_argument("--steps_scale", type=float, default=1.0, help="multiply every budget (trials)")
     p.add_argument("--variant", default="", help='asyncrl settings over the defaults, "field=value,...": '
-                   "stored under the tag --tag, not as the defaults' runs; a dotted name sets "
-                   "one key of a dict argument, e.g. policy_kwargs.log_std_init=0.0")
+                   "stored under the tag --tag, not as the defaults' runs; a comma inside brackets "
+                   "belongs to its value, e.g. hidden_sizes=(256, 256); a dotted name sets one key "
+                   "of a dict argument, e.g. policy_kwargs.log_std_init=0.0")
     p.add_argument("--tag", default="", help="name of a --variant's runs (asyncrl-TAG)")
     p.add_argument("--report", action="store_true", help="only write the table and plot from stored runs")
     p.add_argument("--compare", default="", help="extra labels to report, e.g. asyncrl-lr3e4")
