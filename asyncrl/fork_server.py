@@ -5,6 +5,7 @@ import), so the fork server's imports run beside the main process's own instead 
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 from multiprocessing import forkserver as mp_forkserver, util as mp_util
@@ -55,5 +56,18 @@ def start_early() -> None:
     try:
         if process_context().get_start_method() == "forkserver":
             mp_forkserver.ensure_running()
+            atexit.register(_stop_fork_server)
     except Exception:  # noqa: BLE001 (e.g. no usable interpreter to start): importing asyncrl
         pass           # must not fail on it; the first train() starts it and reports what fails
+
+
+def _stop_fork_server() -> None:
+    """At this interpreter's exit: ask the fork server to end (its pipe closed) and wait for it.
+    It notices the closed pipe only once PRELOAD is imported, so a script that imports asyncrl
+    and exits within a few seconds would otherwise leave it running, orphaned, until then.
+    Registered after multiprocessing's own exit function, so it runs before that removes the
+    server's socket's directory."""
+    try:
+        mp_forkserver._forkserver._stop()
+    except (OSError, AttributeError):  # already gone, or another Python's internals
+        pass
