@@ -79,8 +79,9 @@ class APPO:
     :param policy_kwargs: the model, in Stable-Baselines3's spelling: ``net_arch`` (a list, or
         ``dict(pi=[...], vf=[...])``), ``activation_fn``, ``features_extractor_class`` (+
         ``features_extractor_kwargs``), ``share_features_extractor``, ``log_std_init`` (default
-        -0.5 in units of each action dimension's half range, where SB3's is 0: see
-        :mod:`asyncrl.distributions`), ``ortho_init`` (see :mod:`asyncrl.models`).
+        -0.5 in units of each action dimension's half range for up to four dimensions, -1.0 for
+        more, where SB3's is 0: see :mod:`asyncrl.distributions`), ``ortho_init`` (see
+        :mod:`asyncrl.models`).
     :param policy: a whole custom network class, ``cls(observation_space, action_space,
         param_size, **policy_kwargs)`` whose ``forward(obs)`` returns ``(params [N, param_size],
         values [N])``; None: the built-in actor-critic.

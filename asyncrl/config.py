@@ -591,7 +591,8 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # (204), Pendulum -128 (-123); Hopper in docs/benchmarks/learning-suite.md, "a brake on each
 # update's move". (It makes the KL per minibatch, so a recurrent model's first epoch no longer
 # gives the targets: Learner.targets_in_first_epoch.) The Gaussian's initial std (0.61 of each
-# dimension's half range; SB3's 1) is the distribution's: distributions.LOG_STD_INIT.
+# dimension's half range, 0.37 above four dimensions; SB3's 1) is the distribution's:
+# distributions.default_log_std.
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=256,
                            target_kl=None, kl_adaptive_lr=0.02, kl_adaptive_lr_max=1.0)

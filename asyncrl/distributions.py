@@ -28,18 +28,36 @@ TORCH_FLOATS = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch
                 np.dtype(np.float64): torch.float64}
 MASKED_LOGIT = -1e8  # not -inf: 0 * -inf is NaN in the entropy
 LOG_2PI = math.log(2 * math.pi)
-# The Gaussian's initial log std where policy_kwargs give no log_std_init: -0.5 in units of each
-# bounded dimension's half range, std 0.61 for MuJoCo's and Box2D's [-1, 1], 1.21 for Pendulum's
-# [-2, 2] (SB3's and CleanRL's 0: std 1 in the env's units, whatever its range). With std 1,
-# HalfCheetah's runs split between a running gait and a stall near 1,500-1,950 (3 of 5 seeds
-# stalled); less noise at the start made the running gait the common outcome (4,950 median of 5
-# seeds at -0.5, 6,434 at -1) while Walker2d and LunarLanderContinuous held or gained and Hopper
-# stayed level with std 1 the same hour; -1 cost Hopper. Pendulum needed the range: std 0.61 left
-# it below -200 at 200k env steps in 3 of 3 seeds, std 1.21 reached it in 139k-155k
-# (docs/benchmarks/learning-suite.md, "Initial action noise").
+# The Gaussian's initial log std where policy_kwargs give no log_std_init, in units of each
+# bounded dimension's half range: LOG_STD_INIT, -0.5, for a Box of up to MANY_ACTUATORS
+# dimensions (std 0.61 for MuJoCo's and Box2D's [-1, 1], 1.21 for Pendulum's [-2, 2]; SB3's and
+# CleanRL's 0 is std 1 in the env's units, whatever its range), LOG_STD_INIT_MANY, -1.0, for more
+# (std 0.37 for [-1, 1]). With std 1, HalfCheetah's runs split between a running gait and a stall
+# near 1,500-1,950; at 0.61 3 of 7 seeds still stalled, on the cheetah's back (greedy median
+# 4,091); at 0.37 none of 7 did (median 6,151; SB3 under RL Zoo's tuned entry 6,245). Walker2d,
+# Ant and the held-out Pusher (seven dimensions) stayed within their seeds' spread (greedy medians
+# 3,204 against 3,705, 3,851 against 3,919, -34.0 against -31.8; no worst seed lower by more than
+# 70 or 0.4); HalfCheetah, Walker2d and Ant reached their targets in fewer env steps, Pusher in 3
+# of 5 seeds either way. With one to four dimensions less noise did not pay:
+# MountainCarContinuous's goal, found by the noise, went from 3 of 7 seeds to 0, Hopper's median
+# from 2,771 to 2,557 with 1,000 reached later, BipedalWalker reached 250 later. Pendulum needed
+# the range: std 0.61 left it below -200 at 200k env steps in 3 of 3 seeds, std 1.21 reached it
+# in 139k-155k. The cut between four and six is read off these envs (none has five)
+# (docs/benchmarks/learning-suite.md, "Continuous control: initial action noise" and "Less
+# initial noise for more than four actuators").
 LOG_STD_INIT = -0.5
+LOG_STD_INIT_MANY = -1.0
+MANY_ACTUATORS = 4
+
+
+def default_log_std(action_size: int) -> float:
+    """The initial log std, in units of each dimension's half range, of a ``Box`` of
+    ``action_size`` dimensions where policy_kwargs give none."""
+    return LOG_STD_INIT if action_size <= MANY_ACTUATORS else LOG_STD_INIT_MANY
+
+
 # A bound this far from 0 stands in for none (Box(-np.finfo(np.float32).max, ...)): such a
-# dimension starts at LOG_STD_INIT itself, not at a std of ~1e38.
+# dimension starts at default_log_std itself, not at a std of ~1e38.
 UNBOUNDED = 1e10
 
 
@@ -158,8 +176,9 @@ class MultiCategorical(ActionDistribution):
 class DiagGaussian(ActionDistribution):
     def __init__(self, space: gym.spaces.Box, log_std_init: Optional[float] = None):
         """``log_std_init``: the initial log std of every dimension, in the env's units (SB3's
-        meaning); None: LOG_STD_INIT in units of each dimension's half range where both bounds
-        are finite and within UNBOUNDED of 0 (LOG_STD_INIT itself where they are not)."""
+        meaning); None: default_log_std (by the number of dimensions) in units of each
+        dimension's half range where both bounds are finite and within UNBOUNDED of 0 (the
+        value itself where they are not)."""
         super().__init__()
         self.shape, self.dtype = space.shape, space.dtype
         self.param_size = self.action_size = int(np.prod(space.shape))
@@ -170,7 +189,7 @@ class DiagGaussian(ActionDistribution):
         if log_std_init is not None:
             init = np.full(self.action_size, float(log_std_init))
         else:  # a share of each dimension's range, where it has one
-            init = np.full(self.action_size, LOG_STD_INIT)
+            init = np.full(self.action_size, default_log_std(self.action_size))
             low, high = (b.reshape(-1).astype(np.float64) for b in (space.low, space.high))
             ranged = (high > low) & (np.abs(low) < UNBOUNDED) & (np.abs(high) < UNBOUNDED)
             init[ranged] += np.log((high[ranged] - low[ranged]) / 2)

@@ -17,8 +17,9 @@ module buffers, so they travel with the weights to policy workers and checkpoint
 ``policy_kwargs`` take Stable-Baselines3's spelling: ``net_arch``, ``activation_fn``,
 ``features_extractor_class`` (+ ``features_extractor_kwargs``: an SB3 ``BaseFeaturesExtractor``
 works unchanged, given SB3-preprocessed inputs), ``share_features_extractor``, ``log_std_init``
-(a Gaussian's initial log std; default: ``distributions.LOG_STD_INIT``, -0.5, in units of each
-dimension's half range, where SB3's is 0), ``ortho_init``. A whole network is ``policy=cls``:
+(a Gaussian's initial log std; default: ``distributions.default_log_std``, -0.5 for up to four
+dimensions and -1.0 for more, in units of each dimension's half range, where SB3's is 0),
+``ortho_init``. A whole network is ``policy=cls``:
 ``cls(observation_space, action_space, param_size, **policy_kwargs)`` whose ``forward(obs)``
 returns ``(params [N, param_size], values [N])`` from SB3-preprocessed observations; the
 distribution and normalisers stay ours.

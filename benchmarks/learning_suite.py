@@ -188,6 +188,12 @@ CASES: Dict[str, Case] = {
     "minigrid-redbluedoors6": Case(se.minigrid_redbluedoors6, 500_000, 0.9, "heldout3"),
     "nasim-medium-single-site": Case(se.nasim_medium_single_site, 1_000_000, 170, "heldout3"),
     "nasim-medium-multi-site": Case(se.nasim_medium_multi_site, 1_000_000, 170, "heldout3"),
+    # Held out, fourth round (2026-12-06), target set before any run: Pusher (seven actuators on
+    # [-2, 2], 100-step episodes), a held-out test of the initial action noise measured on
+    # HalfCheetah, Hopper, Walker2d, Ant and BipedalWalker. Gymnasium gives no reward_threshold
+    # (0.0 is a placeholder); keeping still scores -54 and random play -152 (20 episodes each),
+    # so the target, -35, asks the arm to move the object toward the goal.
+    "pusher": Case("Pusher-v5", 1_000_000, -35, "heldout4"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -537,7 +543,8 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "memory": "popgym memory tasks (GRU)", "multiagent": "Multi-agent", "atari": "Atari",
             "heldout": "Held out (added after the defaults were set)",
             "heldout2": "Held out, second round (2026-12-04)",
-            "heldout3": "Held out, third round (2026-12-05)", "doom": "VizDoom"}
+            "heldout3": "Held out, third round (2026-12-05)",
+            "heldout4": "Held out, fourth round (2026-12-06)", "doom": "VizDoom"}
 
 
 def readme_table(runs: List[dict], reference: str = "sb3") -> str:

@@ -9,7 +9,7 @@ import torch
 
 from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_DEFAULTS, FACTORED_DEFAULTS,
                             TURN_BASED_DEFAULTS, Config, with_defaults)
-from asyncrl.distributions import LOG_STD_INIT, make_distribution
+from asyncrl.distributions import LOG_STD_INIT, LOG_STD_INIT_MANY, MANY_ACTUATORS, make_distribution
 from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
 
@@ -56,15 +56,37 @@ def test_a_gaussian_starts_with_the_measured_noise_scaled_to_the_range_and_polic
     hybrid = gym.spaces.Tuple((gym.spaces.Discrete(2), box))  # a Box inside a Tuple too
     assert torch.equal(make_distribution(hybrid).parts[1].log_std.detach(), torch.full((3,), -0.5))
     # per dimension: Pendulum's [-2, 2], a dimension fixed by its bounds, one unbounded side, none,
-    # and float32's largest value standing in for no bound
+    # and float32's largest value standing in for no bound (five dimensions: -1.0 each, below)
     big = np.finfo(np.float32).max
     mixed = gym.spaces.Box(np.array([-2.0, 3.0, 0.0, -np.inf, -big], np.float32),
                            np.array([2.0, 3.0, np.inf, np.inf, big], np.float32))
     stds = make_distribution(mixed).log_std.detach().exp().numpy()
-    np.testing.assert_allclose(stds, [2 * np.exp(-0.5)] + [np.exp(-0.5)] * 4, rtol=1e-6)
+    np.testing.assert_allclose(stds, [2 * np.exp(-1.0)] + [np.exp(-1.0)] * 4, rtol=1e-6)
     # a log_std_init the user gives is in the env's units (SB3's meaning), whatever the range
     own = ActorCritic.from_spaces(obs, gym.spaces.Box(-2, 2, (3,)), log_std_init=0.0)
     assert torch.equal(own.dist.log_std.detach(), torch.zeros(3))
+
+
+@pytest.mark.parametrize("shape, log_std", [((4,), -0.5), ((2, 2), -0.5), ((5,), -1.0),
+                                            ((6,), -1.0), ((2, 3), -1.0), ((17,), -1.0)])
+def test_a_gaussian_of_more_than_four_dimensions_starts_with_less_noise_in_each(shape, log_std):
+    # HalfCheetah's six and Ant's eight start at std 0.37, Hopper's three and BipedalWalker's four
+    # at 0.61 (MountainCarContinuous's one found its goal less often at 0.37); the number is the
+    # Box's own, whatever its shape, and the range still scales it
+    assert (LOG_STD_INIT, LOG_STD_INIT_MANY, MANY_ACTUATORS) == (-0.5, -1.0, 4)
+    n = int(np.prod(shape))
+    log_stds = make_distribution(gym.spaces.Box(-1, 1, shape)).log_std.detach()
+    assert torch.equal(log_stds, torch.full((n,), log_std))
+    pusher = make_distribution(gym.spaces.Box(-2, 2, shape)).log_std.detach().exp().numpy()
+    np.testing.assert_allclose(pusher, np.full(n, 2 * np.exp(log_std)), rtol=1e-6)
+    # each Box of a Dict by its own size: a six-dimensional arm beside a one-dimensional gripper
+    both = make_distribution(gym.spaces.Dict(arm=gym.spaces.Box(-1, 1, (6,)),
+                                             grip=gym.spaces.Box(-1, 1, (1,))))
+    assert [float(p.log_std[0]) for p in both.parts] == [-1.0, -0.5]
+    # a value the user gives wins, whatever the size
+    own = ActorCritic.from_spaces(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, shape),
+                                  log_std_init=-0.5)
+    assert torch.equal(own.dist.log_std.detach(), torch.full((n,), -0.5))
 
 
 def test_factored_actions_get_the_larger_entropy_bonus_and_keywords_win():
@@ -107,6 +129,9 @@ def test_readme_table_of_implied_defaults_matches_the_code():
                 f"(the Gaussian's initial log std, in units of each bounded dimension's half range: "
                 f"std 0.61 for [-1, 1], 1.21 for [-2, 2]; a value you give is in the env's units, as "
                 f"in SB3) | `{LOG_STD_INIT!r}` |")
+    rows.append(f"| continuous actions, a `Box` of more than {MANY_ACTUATORS} dimensions (HalfCheetah's "
+                f"6, Ant's 8) | `policy_kwargs` `log_std_init` (as above: std 0.37 for [-1, 1]) | "
+                f"`{LOG_STD_INIT_MANY!r}` |")
     rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "
              f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
     rows += [f"| a turn-based game (a PettingZoo `AECEnv`; over the action space's row) | `{key}` | "
