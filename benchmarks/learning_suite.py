@@ -190,9 +190,9 @@ CASES: Dict[str, Case] = {
     "nasim-medium-multi-site": Case(se.nasim_medium_multi_site, 1_000_000, 170, "heldout3"),
     # Held out, fourth round (2026-12-06), target set before any run: Pusher (seven actuators on
     # [-2, 2], 100-step episodes), a held-out test of the initial action noise measured on
-    # HalfCheetah, Hopper, Walker2d, Ant and BipedalWalker. Gymnasium gives no reward_threshold
-    # (0.0 is a placeholder); keeping still scores -54 and random play -152 (20 episodes each),
-    # so the target, -35, asks the arm to move the object toward the goal.
+    # HalfCheetah, Hopper, Walker2d, Ant and BipedalWalker. Gymnasium's reward_threshold, 0.0, no
+    # episode reaches (every step pays the distances); keeping still scores -54 and random play
+    # -152 (20 episodes each), so the target, -35, asks the arm to move the object to the goal.
     "pusher": Case("Pusher-v5", 1_000_000, -35, "heldout4"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the mark),

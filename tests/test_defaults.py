@@ -73,20 +73,23 @@ def test_a_gaussian_of_more_than_four_dimensions_starts_with_less_noise_in_each(
     # HalfCheetah's six and Ant's eight start at std 0.37, Hopper's three and BipedalWalker's four
     # at 0.61 (MountainCarContinuous's one found its goal less often at 0.37); the number is the
     # Box's own, whatever its shape, and the range still scales it
-    assert (LOG_STD_INIT, LOG_STD_INIT_MANY, MANY_ACTUATORS) == (-0.5, -1.0, 4)
     n = int(np.prod(shape))
     log_stds = make_distribution(gym.spaces.Box(-1, 1, shape)).log_std.detach()
     assert torch.equal(log_stds, torch.full((n,), log_std))
     pusher = make_distribution(gym.spaces.Box(-2, 2, shape)).log_std.detach().exp().numpy()
     np.testing.assert_allclose(pusher, np.full(n, 2 * np.exp(log_std)), rtol=1e-6)
-    # each Box of a Dict by its own size: a six-dimensional arm beside a one-dimensional gripper
-    both = make_distribution(gym.spaces.Dict(arm=gym.spaces.Box(-1, 1, (6,)),
-                                             grip=gym.spaces.Box(-1, 1, (1,))))
-    assert [float(p.log_std[0]) for p in both.parts] == [-1.0, -0.5]
     # a value the user gives wins, whatever the size
     own = ActorCritic.from_spaces(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, shape),
                                   log_std_init=-0.5)
     assert torch.equal(own.dist.log_std.detach(), torch.full((n,), -0.5))
+
+
+def test_each_box_of_a_dict_starts_by_its_own_number_of_dimensions():
+    assert (LOG_STD_INIT, LOG_STD_INIT_MANY, MANY_ACTUATORS) == (-0.5, -1.0, 4)
+    # a six-dimensional arm beside a one-dimensional gripper
+    both = make_distribution(gym.spaces.Dict(arm=gym.spaces.Box(-1, 1, (6,)),
+                                             grip=gym.spaces.Box(-1, 1, (1,))))
+    assert [float(p.log_std[0]) for p in both.parts] == [-1.0, -0.5]
 
 
 def test_factored_actions_get_the_larger_entropy_bonus_and_keywords_win():
