@@ -74,7 +74,9 @@ class Config:
         "with a time limit (`spec.max_episode_steps` or a TimeLimit wrapper); others unchanged. "
         "Off by default: measured over 1M env steps it lifts Swimmer (greedy median 54 against "
         "42, 3 seeds) and leaves Walker2d as it was, but stalls HalfCheetah more often (3 seeds "
-        "of 8 under 2,000 against 1; median 3,018 against 4,046; the learning suite's page).")
+        "of 8 under 2,000 against 1; median 3,018 against 4,046) at the initial std of then; at "
+        "today's (2026-12-06) HalfCheetah no longer stalls with it (0 of 7; median 6,100 against "
+        "6,151) and Pusher and Swimmer gained nothing (the learning suite's page).")
     device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "
