@@ -80,7 +80,9 @@ class Config:
     device: str = _f("auto", f"Torch device of the learner and policy workers: {DEVICES_HINT}.")
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "
-        "ppo: synchronous collection (every sample from the latest policy), for comparison.")
+        "ppo: synchronous collection (every sample from the latest policy; the default for ALE "
+        "ids, and for one agent's continuous actions of more than four dimensions learnt on a "
+        "CPU).")
     serial_mode: bool = _f(False, "Run every component in the main process, in turn (debugging).")
     seed: Optional[int] = _f(None, "Seed of weights, envs and action sampling (None: random).")
     lanes_per_env: int = _f(
@@ -403,10 +405,17 @@ class Config:
         if self.algo == "ppo":
             per_round = self.num_groups * self.slot_size
             if self.batch_size != per_round:
+                per_env = self.num_workers * self.rollout * self.lanes_per_env
+                envs = self.batch_size // per_env
+                fit = (f" (num_envs_per_worker={envs})" if self.batch_size % per_env == 0
+                       and envs >= 2 and envs % 2 == 0 else "")
                 errs.append(
-                    f"batch_size={self.batch_size}: algo='ppo' collects one rollout of every env per "
-                    f"update, so batch_size must be num_workers x num_envs_per_worker x rollout"
-                    + (" x agent lanes per env" if self.lanes_per_env > 1 else "") + f" = {per_round}")
+                    f"batch_size={self.batch_size}: algo='ppo' (synchronous) collects one rollout "
+                    f"of every env per update, so batch_size must be num_workers x "
+                    f"num_envs_per_worker x rollout"
+                    + (" x agent lanes per env" if self.lanes_per_env > 1 else "")
+                    + f" = {per_round}; set those counts to make {self.batch_size}{fit} and leave "
+                    f"batch_size out, or pass algo='appo' to sample asynchronously")
         return errs
 
     def describe(self) -> str:
@@ -575,8 +584,9 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # Continuous actions (a Box, alone or in a Tuple/Dict): after CleanRL's ppo_continuous_action and
 # Sample Factory's MuJoCo preset: lr 3e-4, clip 0.2, no entropy bonus, 10 epochs (their gamma
 # 0.99, lambda 0.95, return and observation normalisation are every env's defaults now).
-# Asynchronous (APPO, V-trace): on two cores it trained faster than their synchronous PPO
-# (docs/benchmarks/measured.md, "Continuous control"). Minibatches of 256: 40 gradient steps per
+# Asynchronous (APPO, V-trace) up to four dimensions: on two cores it steps 1.2-1.6x as many env
+# steps a second as the same learner synchronous (the learning suite's runs; more than four
+# dimensions: CONTINUOUS_CPU_DEFAULTS below). Minibatches of 256: 40 gradient steps per
 # 1,024-sample batch (SB3's and CleanRL's defaults take 320 per 2,048). Measured on 2026-11-28
 # against 512 (20 steps: HalfCheetah stalled near 1,700), 128 (80 steps: Hopper below SB3) and 64
 # (collapsed on Hopper): 256 ended higher than 128 on Hopper, Walker2d and LunarLanderContinuous,
@@ -598,6 +608,26 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=256,
                            target_kl=None, kl_adaptive_lr=0.02, kl_adaptive_lr_max=1.0)
+# ... and with more than four continuous dimensions ("continuous_many", the cut of the Gaussian's
+# initial std, distributions.MANY_ACTUATORS), one agent learning on a CPU: synchronous PPO
+# (algo="ppo"), every sample drawn by the policy that trains on it, the same 2 x 8 envs, batch,
+# learner and brake. Against asynchronous sampling, 1M env steps, greedy medians (training return
+# at 1M): HalfCheetah 6,462 over 7 seeds (5,741) against 6,151 (4,576), Walker2d 4,715 (3,771)
+# against 3,204 (3,237), the held-out Pusher -29.4 over 5 seeds (-31.4; SB3 -28.4 (-31.6))
+# against -34.0 (-36.2), their targets in as few env steps or fewer; Ant level, 3,782 (2,568)
+# against 3,851 (2,575), its target later (464k env steps against 377k); at 1.2-1.6x the wall
+# time per env step (sampling waits while the learner trains). How the lag it removes held
+# Pusher back was not pinned down (keeping the lagged samples' gradient, decoupled_clip, did
+# worse). With one to four dimensions it did not pay over all: ahead on
+# MountainCarContinuous (the goal in 7 seeds of 10 against 8 of 20) and Reacher, level on
+# Hopper, InvertedDoublePendulum, InvertedPendulum, Pendulum and Swimmer, behind on BipedalWalker
+# (308 against 315) and LunarLanderContinuous (156 over 5 seeds, one at 49, against 200; SB3 179).
+# With a GPU to learn on, asynchronous as before (not measured there: the GPU layout would make
+# the synchronous batch 14 x 4 x 64 = 3,584 on 16 cores); several agents (PettingZoo) too (not
+# measured). A caller who sets batch_size keeps it, sampled asynchronously: synchronous PPO's
+# batch is the layout's one rollout of every env (docs/benchmarks/learning-suite.md,
+# "Synchronous sampling for more than four actuators").
+CONTINUOUS_CPU_DEFAULTS = dict(algo="ppo")
 
 # Factored discrete actions (several choices made together: MultiDiscrete, MultiBinary, a Tuple
 # or Dict of Discretes): ten times the entropy bonus. Some combinations of the parts are often
@@ -611,7 +641,8 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
 FACTORED_DEFAULTS = dict(ent_coef=0.05)
 # The presets an action space implies (ActionDistribution.kind); "categorical" (one Discrete)
 # takes Config's own defaults.
-ACTION_DEFAULTS = {"categorical": {}, "continuous": CONTINUOUS_DEFAULTS, "factored": FACTORED_DEFAULTS}
+ACTION_DEFAULTS = {"categorical": {}, "continuous": CONTINUOUS_DEFAULTS,
+                   "continuous_many": CONTINUOUS_DEFAULTS, "factored": FACTORED_DEFAULTS}
 
 # Turn-based games (a PettingZoo AECEnv, asyncrl.turns), over the action space's preset: twenty
 # times the entropy bonus. In self-play the opponent is the policy itself: as its entropy falls,
@@ -688,6 +719,9 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
                   {**ACTION_DEFAULTS[actions], **(TURN_BASED_DEFAULTS if turn_based else {})})
     if family == "doom" and cpu_only:
         preset.update(DOOM_CPU_DEFAULTS)
+    if (not family and actions == "continuous_many" and cpu_only and not (multi_agent or turn_based)
+            and "batch_size" not in kwargs):
+        preset.update(CONTINUOUS_CPU_DEFAULTS)
     sync_atari = atari and kwargs.get("algo", "ppo") == "ppo"
     if sync_atari:
         preset.update(ATARI_SYNC_DEFAULTS)
@@ -729,8 +763,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
 # The fields whose defaults with_defaults derives from the machine: the CPU-learner preset (Doom's),
 # the layout's counts (the GPU's, Atari's), and the batch and minibatch implied from the layout. A
 # saved model's values of these that its caller did not set are derived again where it is loaded.
-MACHINE_FIELDS = frozenset({*DOOM_CPU_DEFAULTS, "num_workers", "num_envs_per_worker", "batch_size",
-                            "minibatch_size"})
+MACHINE_FIELDS = frozenset({*DOOM_CPU_DEFAULTS, *CONTINUOUS_CPU_DEFAULTS, "num_workers",
+                            "num_envs_per_worker", "batch_size", "minibatch_size"})
 
 
 def portable(config: dict, set_by_caller: Optional[Iterable[str]]) -> dict:

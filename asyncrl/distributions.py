@@ -71,14 +71,16 @@ class ActionDistribution(nn.Module):
     action_size: int = 0
     mask_size: int = 0      # 0: no part of it can be masked
     discrete: bool = True   # every part discrete: actions stored as int64
+    continuous_size: int = 0  # dimensions of its Box parts, in all
 
     @property
     def kind(self) -> str:
-        """What the defaults follow (config.ACTION_DEFAULTS): "continuous" (a Box part),
+        """What the defaults follow (config.ACTION_DEFAULTS): "continuous" (a Box part, at most
+        MANY_ACTUATORS continuous dimensions in all), "continuous_many" (more: HalfCheetah's 6),
         "factored" (several discrete choices made together: MultiDiscrete, MultiBinary, a Tuple
         or Dict of Discretes) or "categorical" (one Discrete)."""
         if not self.discrete:
-            return "continuous"
+            return "continuous_many" if self.continuous_size > MANY_ACTUATORS else "continuous"
         return "factored" if self.action_size > 1 else "categorical"
 
     def sample(self, params: torch.Tensor, mask: Optional[torch.Tensor],
@@ -181,7 +183,7 @@ class DiagGaussian(ActionDistribution):
         value itself where they are not)."""
         super().__init__()
         self.shape, self.dtype = space.shape, space.dtype
-        self.param_size = self.action_size = int(np.prod(space.shape))
+        self.param_size = self.action_size = self.continuous_size = int(np.prod(space.shape))
         self.discrete = False
         bounded = np.isfinite(space.low).any() or np.isfinite(space.high).any()
         self.low = space.low.reshape(-1).astype(np.float32) if bounded else None  # +-inf: no clip
@@ -233,6 +235,7 @@ class Composite(ActionDistribution):
         self.param_size = sum(p.param_size for p in parts)
         self.action_size = sum(p.action_size for p in parts)
         self.mask_size = sum(p.mask_size for p in parts)
+        self.continuous_size = sum(p.continuous_size for p in parts)
         self.discrete = all(p.discrete for p in parts)
 
     def _split(self, params, actions, mask):

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_DEFAULTS, FACTORED_DEFAULTS,
-                            TURN_BASED_DEFAULTS, Config, with_defaults)
+from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_CPU_DEFAULTS, CONTINUOUS_DEFAULTS,
+                            FACTORED_DEFAULTS, TURN_BASED_DEFAULTS, Config, ConfigError,
+                            portable, with_defaults)
 from asyncrl.distributions import LOG_STD_INIT, LOG_STD_INIT_MANY, MANY_ACTUATORS, make_distribution
 from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
@@ -23,6 +24,56 @@ def test_continuous_actions_get_the_continuous_preset_and_keywords_win():
     assert with_defaults({}, actions="continuous") == CONTINUOUS_DEFAULTS
     out = with_defaults({"learning_rate": 1e-3}, actions="continuous")
     assert out["learning_rate"] == 1e-3 and out["num_epochs"] == CONTINUOUS_DEFAULTS["num_epochs"]
+
+
+def test_more_than_four_actuators_of_one_agent_learnt_on_a_cpu_are_sampled_synchronously():
+    cpu = with_defaults({}, actions="continuous_many", cpu_only=True, cores=2)
+    assert cpu == {**CONTINUOUS_DEFAULTS, **CONTINUOUS_CPU_DEFAULTS, "batch_size": 1024}
+    cfg = Config.from_kwargs(cpu)  # one rollout of each of the 2 x 8 envs: the batch of appo's
+    assert (cfg.algo, cfg.batch_size, cfg.num_slots) == ("ppo", 1024, cfg.slots_per_batch)
+    # the caller's algo wins; up to four dimensions, a GPU learner and several agents keep
+    # asynchronous sampling
+    assert with_defaults({"algo": "appo"}, actions="continuous_many", cpu_only=True) == {
+        **CONTINUOUS_DEFAULTS, "algo": "appo"}
+    assert "algo" not in with_defaults({}, actions="continuous_many", cpu_only=False, cores=2)
+    assert "algo" not in with_defaults({}, actions="continuous_many", cpu_only=True, multi_agent=True)
+    assert "algo" not in with_defaults({}, actions="continuous", cpu_only=True)
+    assert "algo" not in with_defaults({}, actions="categorical", cpu_only=True)
+    # fewer envs make a smaller synchronous batch, in whole minibatches
+    few = Config.from_kwargs(with_defaults({"num_envs_per_worker": 4}, actions="continuous_many",
+                                           cpu_only=True))
+    assert (few.batch_size, few.minibatch_size) == (512, 256)
+    # a caller's batch is kept, sampled asynchronously
+    out = with_defaults({"batch_size": 2048}, actions="continuous_many", cpu_only=True)
+    assert out == {**CONTINUOUS_DEFAULTS, "batch_size": 2048}
+    assert Config.from_kwargs(out).algo == "appo"
+    # asked for with a batch_size its layout does not make: the error names the counts that make
+    # it, and appo
+    with pytest.raises(ConfigError, match=r"batch_size=2048: algo='ppo' .*num_envs_per_worker=16"
+                                          r".*algo='appo'"):
+        Config.from_kwargs(with_defaults({"algo": "ppo", "batch_size": 2048}, actions="continuous_many",
+                                         cpu_only=True))
+    # a model saved on a CPU loads with a GPU as asynchronous, and back (config.MACHINE_FIELDS)
+    gpu = dict(actions="continuous_many", cpu_only=False, cores=2)
+    saved = Config.from_kwargs(cpu).__dict__
+    assert Config.from_kwargs(with_defaults(portable(saved, ()), **gpu)).algo == "appo"
+    back = Config.from_kwargs(with_defaults({}, **gpu)).__dict__
+    assert Config.from_kwargs(with_defaults(portable(back, ()), actions="continuous_many",
+                                            cpu_only=True)) == Config.from_kwargs(cpu)
+
+
+@pytest.mark.parametrize("size, kwargs, algo", [(6, {}, "ppo"), (4, {}, "appo"),
+                                                 (6, {"batch_size": 2048}, "appo")])
+def test_a_models_algo_follows_its_action_space_on_a_cpu(size, kwargs, algo):
+    """What APPO(env) derives from the env it reads (no process is started)."""
+    import space_envs
+    from asyncrl import APPO
+    env = space_envs.space_env(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (size,)))
+    model = APPO(env, device="cpu", **kwargs)
+    try:
+        assert model.config.algo == algo
+    finally:
+        model.close()
 
 
 def test_discrete_actions_take_the_config_defaults():
@@ -40,7 +91,12 @@ def test_discrete_actions_take_the_config_defaults():
     (gym.spaces.MultiBinary(3), "factored"),
     (gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(2))), "factored"),
     (gym.spaces.Box(-1, 1, (2,)), "continuous"),
+    (gym.spaces.Box(-1, 1, (4,)), "continuous"),
+    (gym.spaces.Box(-1, 1, (6,)), "continuous_many"),  # HalfCheetah's
+    (gym.spaces.Box(-1, 1, (2, 3)), "continuous_many"),  # dimensions, not the first axis
     (gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (1,)))), "continuous"),
+    (gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (3,)), "b": gym.spaces.Box(-1, 1, (2,))}),
+     "continuous_many"),  # the Box parts' dimensions in all
 ])
 def test_the_action_space_decides_which_preset_applies(space, kind):
     assert make_distribution(space).kind == kind
@@ -135,6 +191,10 @@ def test_readme_table_of_implied_defaults_matches_the_code():
     rows.append(f"| continuous actions, a `Box` of more than {MANY_ACTUATORS} dimensions (HalfCheetah's "
                 f"6, Ant's 8) | `policy_kwargs` `log_std_init` (as above: std 0.37 for [-1, 1]) | "
                 f"`{LOG_STD_INIT_MANY!r}` |")
+    rows += [f"| continuous actions of more than {MANY_ACTUATORS} dimensions in all (HalfCheetah's 6, "
+             f"Pusher's 7), one agent (not a PettingZoo env), learnt on a CPU (no GPU), `batch_size` "
+             f"not set | `{key}` | `{value!r}` |"
+             for key, value in CONTINUOUS_CPU_DEFAULTS.items()]
     rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "
              f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
     rows += [f"| a turn-based game (a PettingZoo `AECEnv`; over the action space's row) | `{key}` | "
