@@ -619,7 +619,7 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
 # time per env step (sampling waits while the learner trains). How the lag it removes held
 # Pusher back was not pinned down (keeping the lagged samples' gradient, decoupled_clip, did
 # worse). With one to four dimensions it did not pay over all: ahead on
-# MountainCarContinuous (the goal in 7 seeds of 10 against 8 of 20) and Reacher, level on
+# MountainCarContinuous (its goal in 15 seeds of 20 against 8 of 20) and Reacher, level on
 # Hopper, InvertedDoublePendulum, InvertedPendulum, Pendulum and Swimmer, behind on BipedalWalker
 # (308 against 315) and LunarLanderContinuous (156 over 5 seeds, one at 49, against 200; SB3 179).
 # With a GPU to learn on, asynchronous as before (not measured there: the GPU layout would make
