@@ -584,7 +584,7 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 # Continuous actions (a Box, alone or in a Tuple/Dict): after CleanRL's ppo_continuous_action and
 # Sample Factory's MuJoCo preset: lr 3e-4, clip 0.2, no entropy bonus, 10 epochs (their gamma
 # 0.99, lambda 0.95, return and observation normalisation are every env's defaults now).
-# Asynchronous (APPO, V-trace) up to four dimensions: on two cores it steps 1.2-1.6x as many env
+# Asynchronous (APPO, V-trace) up to four dimensions: on two cores it takes 1.2-1.6x as many env
 # steps a second as the same learner synchronous (the learning suite's runs; more than four
 # dimensions: CONTINUOUS_CPU_DEFAULTS below). Minibatches of 256: 40 gradient steps per
 # 1,024-sample batch (SB3's and CleanRL's defaults take 320 per 2,048). Measured on 2026-11-28
@@ -608,8 +608,9 @@ FAMILY_DEFAULTS = {"atari": ATARI_DEFAULTS, "doom": DOOM_DEFAULTS}
 CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_coef=0.0,
                            vf_coef=0.5, max_grad_norm=0.5, num_epochs=10, minibatch_size=256,
                            target_kl=None, kl_adaptive_lr=0.02, kl_adaptive_lr_max=1.0)
-# ... and with more than four continuous dimensions ("continuous_many", the cut of the Gaussian's
-# initial std, distributions.MANY_ACTUATORS), one agent learning on a CPU: synchronous PPO
+# ... and with more than four continuous dimensions over all Box parts ("continuous_many": the
+# number of the Gaussian's initial-std cut, distributions.MANY_ACTUATORS, which counts each Box
+# by itself), one agent learning on a CPU: synchronous PPO
 # (algo="ppo"), every sample drawn by the policy that trains on it, the same 2 x 8 envs, batch,
 # learner and brake. Against asynchronous sampling, 1M env steps, greedy medians (training return
 # at 1M): HalfCheetah 6,462 over 7 seeds (5,741) against 6,151 (4,576), Walker2d 4,715 (3,771)

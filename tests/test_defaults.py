@@ -36,7 +36,8 @@ def test_more_than_four_actuators_of_one_agent_learnt_on_a_cpu_are_sampled_synch
     assert with_defaults({"algo": "appo"}, actions="continuous_many", cpu_only=True) == {
         **CONTINUOUS_DEFAULTS, "algo": "appo"}
     assert "algo" not in with_defaults({}, actions="continuous_many", cpu_only=False, cores=2)
-    assert "algo" not in with_defaults({}, actions="continuous_many", cpu_only=True, multi_agent=True)
+    assert "algo" not in with_defaults({}, actions="continuous_many", cpu_only=True,
+                                       multi_agent=True)
     assert "algo" not in with_defaults({}, actions="continuous", cpu_only=True)
     assert "algo" not in with_defaults({}, actions="categorical", cpu_only=True)
     # fewer envs make a smaller synchronous batch, in whole minibatches
@@ -51,8 +52,8 @@ def test_more_than_four_actuators_of_one_agent_learnt_on_a_cpu_are_sampled_synch
     # it, and appo
     with pytest.raises(ConfigError, match=r"batch_size=2048: algo='ppo' .*num_envs_per_worker=16"
                                           r".*algo='appo'"):
-        Config.from_kwargs(with_defaults({"algo": "ppo", "batch_size": 2048}, actions="continuous_many",
-                                         cpu_only=True))
+        Config.from_kwargs(with_defaults({"algo": "ppo", "batch_size": 2048},
+                                         actions="continuous_many", cpu_only=True))
     # a model saved on a CPU loads with a GPU as asynchronous, and back (config.MACHINE_FIELDS)
     gpu = dict(actions="continuous_many", cpu_only=False, cores=2)
     saved = Config.from_kwargs(cpu).__dict__
@@ -191,9 +192,9 @@ def test_readme_table_of_implied_defaults_matches_the_code():
     rows.append(f"| continuous actions, a `Box` of more than {MANY_ACTUATORS} dimensions (HalfCheetah's "
                 f"6, Ant's 8) | `policy_kwargs` `log_std_init` (as above: std 0.37 for [-1, 1]) | "
                 f"`{LOG_STD_INIT_MANY!r}` |")
-    rows += [f"| continuous actions of more than {MANY_ACTUATORS} dimensions in all (HalfCheetah's 6, "
-             f"Pusher's 7), one agent (not a PettingZoo env), learnt on a CPU (no GPU), `batch_size` "
-             f"not set | `{key}` | `{value!r}` |"
+    rows += [f"| continuous actions of more than {MANY_ACTUATORS} dimensions in all (HalfCheetah's "
+             f"6, Pusher's 7), one agent (not a PettingZoo env), learnt on a CPU (no GPU), "
+             f"`batch_size` not set | `{key}` | `{value!r}` |"
              for key, value in CONTINUOUS_CPU_DEFAULTS.items()]
     rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "
              f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
