@@ -405,9 +405,9 @@ class Config:
         if self.algo == "ppo":
             per_round = self.num_groups * self.slot_size
             if self.batch_size != per_round:
-                per_env = self.num_workers * self.rollout * self.lanes_per_env
-                envs = self.batch_size // per_env
-                fit = (f" (num_envs_per_worker={envs})" if self.batch_size % per_env == 0
+                per_env_a_worker = self.num_workers * self.rollout * self.lanes_per_env
+                envs = self.batch_size // per_env_a_worker
+                fit = (f" (num_envs_per_worker={envs})" if self.batch_size % per_env_a_worker == 0
                        and envs >= 2 and envs % 2 == 0 else "")
                 errs.append(
                     f"batch_size={self.batch_size}: algo='ppo' (synchronous) collects one rollout "
@@ -708,7 +708,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a GPU (not ``cpu_only``), ``gpu_layout`` for
     the cores sets whichever of the two counts is not set;
     without a family, the kind of ``actions`` (``ActionDistribution.kind``) gets its
-    ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them;
+    ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them; one agent's
+    "continuous_many" CONTINUOUS_CPU_DEFAULTS when ``cpu_only`` and the caller set no batch_size;
     IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
     ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is rounded to a multiple of
     its slot. What the caller sets always wins."""
@@ -761,9 +762,10 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     return {**preset, **implied, **kwargs}
 
 
-# The fields whose defaults with_defaults derives from the machine: the CPU-learner preset (Doom's),
-# the layout's counts (the GPU's, Atari's), and the batch and minibatch implied from the layout. A
-# saved model's values of these that its caller did not set are derived again where it is loaded.
+# The fields whose defaults with_defaults derives from the machine: the CPU-learner presets (Doom's,
+# many actuators'), the layout's counts (the GPU's, Atari's), and the batch and minibatch implied
+# from the layout. A saved model's values of these that its caller did not set are derived again
+# where it is loaded.
 MACHINE_FIELDS = frozenset({*DOOM_CPU_DEFAULTS, *CONTINUOUS_CPU_DEFAULTS, "num_workers",
                             "num_envs_per_worker", "batch_size", "minibatch_size"})
 
