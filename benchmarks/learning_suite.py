@@ -194,6 +194,12 @@ CASES: Dict[str, Case] = {
     # episode reaches (every step pays the distances); keeping still scores -54 and random play
     # -152 (20 episodes each), so the target, -35, asks the arm to move the object to the goal.
     "pusher": Case("Pusher-v5", 1_000_000, -35, "heldout4"),
+    # Held out, fifth round (2026-12-06), target set before any run: Humanoid (seventeen actuators
+    # on [-0.4, 0.4], 348 observations, 1,000-step episodes that end at a fall), the first env
+    # above four action dimensions since the defaults began sampling those synchronously on a CPU.
+    # Gymnasium gives no reward_threshold; random play scores 117 and keeping still 198 (it falls
+    # within 25-40 steps; 10 episodes each), so the target, 1,000, asks it to stay up and move.
+    "humanoid": Case("Humanoid-v5", 1_000_000, 1000, "heldout5"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -544,7 +550,8 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "heldout": "Held out (added after the defaults were set)",
             "heldout2": "Held out, second round (2026-12-04)",
             "heldout3": "Held out, third round (2026-12-05)",
-            "heldout4": "Held out, fourth round (2026-12-06)", "doom": "VizDoom"}
+            "heldout4": "Held out, fourth round (2026-12-06)",
+            "heldout5": "Held out, fifth round (2026-12-06)", "doom": "VizDoom"}
 
 
 def readme_table(runs: List[dict], reference: str = "sb3") -> str:
