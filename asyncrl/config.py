@@ -318,8 +318,8 @@ class Config:
                      "max_env_restarts", "lanes_per_env"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1, name,
                   "must be an integer >= 1")
-        check(is_int(self.num_envs_per_worker) and self.num_envs_per_worker >= 2
-              and self.num_envs_per_worker % 2 == 0, "num_envs_per_worker",
+        check(is_int(self.num_envs_per_worker) and valid_envs_per_worker(self.num_envs_per_worker),
+              "num_envs_per_worker",
               "must be an even integer >= 2 (envs are split into two groups stepped in turn)")
         check(is_int(self.sampler_nice) and 0 <= self.sampler_nice <= 19, "sampler_nice",
               "must be an integer in [0, 19]")
@@ -408,7 +408,7 @@ class Config:
                 per_env_a_worker = self.num_workers * self.rollout * self.lanes_per_env
                 envs = self.batch_size // per_env_a_worker
                 fit = (f" (num_envs_per_worker={envs})" if self.batch_size % per_env_a_worker == 0
-                       and envs >= 2 and envs % 2 == 0 else "")
+                       and valid_envs_per_worker(envs) else "")
                 errs.append(
                     f"batch_size={self.batch_size}: algo='ppo' (synchronous) collects one rollout "
                     f"of every env per update, so batch_size must be num_workers x "
@@ -492,6 +492,11 @@ class ConfigKwargs(TypedDict, total=False):
     max_env_restarts: int
     max_worker_restarts: int
     max_nonfinite_updates: int
+
+
+def valid_envs_per_worker(n: int) -> bool:
+    """Whether a rollout worker can hold n envs: two groups stepped in turn, at least one each."""
+    return n >= 2 and n % 2 == 0
 
 
 def valid_device(device: str) -> bool:
