@@ -161,6 +161,13 @@ def simple_spread():
     return simple_spread_v3.parallel_env(continuous_actions=False)
 
 
+def simple_spread_continuous():
+    """simple_spread with MPE2's continuous actions: each agent's ``Box(0, 1, (5,))``, a force
+    for no move and each of the four directions (the discrete form picks one of the five)."""
+    from mpe2 import simple_spread_v3
+    return simple_spread_v3.parallel_env(continuous_actions=True)
+
+
 class IntAction(gym.ActionWrapper):
     """A ``Discrete`` action as a Python int (SB3 steps envs with numpy integers, which NASim's
     flat action space refuses)."""
