@@ -23,7 +23,7 @@ setup(
     entry_points={"console_scripts": ["asyncrl=asyncrl.cli:main"]},
     extras_require={
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],
-        "bench": ["matplotlib>=3.5"],
+        "bench": ["matplotlib>=3.5", "supersuit>=3.9"],  # supersuit: SB3 on PettingZoo envs
         "doom": ["vizdoom>=1.2", "opencv-python-headless>=4.5"],  # Vizdoom* ids (envs/doom.py)
         "multiagent": ["pettingzoo>=1.24", "mpe2>=1.0"],  # ParallelEnvs; MPE2 in benchmarks/
         "mujoco": ["gymnasium[mujoco]>=1.0"],  # HalfCheetah-v5 etc. (benchmarks/continuous_control.py)
@@ -39,8 +39,8 @@ setup(
         "tests": ["pytest>=7", "pytest-timeout>=2.1", "ale-py>=0.9", "opencv-python-headless>=4.5",
                   "stable-baselines3>=2.3", "ray>=2.9", "matplotlib>=3.5", "imageio>=2.20",
                   "imageio-ffmpeg>=0.4", "pygame>=2.1", "hypothesis>=6", "vizdoom>=1.2",
-                  "pettingzoo>=1.24", "onnx>=1.16", "onnxscript>=0.3", "onnxruntime>=1.17",
-                  "nbclient>=0.7", "nbformat>=5.7", "ipykernel>=6.0", "mkdocs>=1.6",
-                  "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25"],
+                  "pettingzoo>=1.24", "supersuit>=3.9", "onnx>=1.16", "onnxscript>=0.3",
+                  "onnxruntime>=1.17", "nbclient>=0.7", "nbformat>=5.7", "ipykernel>=6.0",
+                  "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25"],
     },
 )

@@ -81,8 +81,8 @@ class Config:
     algo: str = _f(
         "appo", "appo: V-trace + PPO clipping (default); impala: V-trace, no clipping, one epoch; "
         "ppo: synchronous collection (every sample from the latest policy; the default for ALE "
-        "ids, and for one agent's continuous actions of more than four dimensions learnt on a "
-        "CPU).")
+        "ids, and for continuous actions of more than four dimensions learnt on a CPU, but in "
+        "turn-based games).")
     serial_mode: bool = _f(False, "Run every component in the main process, in turn (debugging).")
     seed: Optional[int] = _f(None, "Seed of weights, envs and action sampling (None: random).")
     lanes_per_env: int = _f(
@@ -615,7 +615,7 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
                            target_kl=None, kl_adaptive_lr=0.02, kl_adaptive_lr_max=1.0)
 # ... and with more than four continuous dimensions over all Box parts ("continuous_many": the
 # number of the Gaussian's initial-std cut, distributions.MANY_ACTUATORS, which counts each Box
-# by itself), one agent learning on a CPU: synchronous PPO
+# by itself), learning on a CPU: synchronous PPO
 # (algo="ppo"), every sample drawn by the policy that trains on it, the same 2 x 8 envs, batch,
 # learner and brake. Against asynchronous sampling, 1M env steps, greedy medians (training return
 # at 1M): HalfCheetah 6,462 over 7 seeds (5,741) against 6,151 (4,576), Walker2d 4,715 (3,771)
@@ -631,9 +631,18 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
 # Held out afterwards, Humanoid (17 dimensions) ended behind asynchronous sampling within the
 # seeds' spread: greedy median 1,280 against 1,535 over 7 seeds (rank-sum p = 0.32), both far
 # above SB3's 454; the rule was kept (three envs ahead, Ant level, Humanoid behind).
-# With a GPU to learn on, asynchronous as before (not measured there: the GPU layout would make
-# the synchronous batch 14 x 4 x 64 = 3,584 on 16 cores); several agents (PettingZoo) too (not
-# measured). A caller who sets batch_size keeps it, sampled asynchronously: synchronous PPO's
+# Several agents (a PettingZoo ParallelEnv) too, the batch then one rollout of every agent's
+# lane: held out, simple_spread with MPE2's continuous actions (three agents, five dimensions
+# each), 1M agent steps: greedy median -23.2 over 7 seeds (-25.2 to -20.9; the target, -20, in 2)
+# against asynchronous sampling's -42.6 / -44.5 / -34.5 (seeds 0-2), worse than random play
+# (-26.9); the discrete form's defaults: -19.7 over 7 seeds. There each env's three lanes put three
+# times the samples in flight, so the asynchronous batch (768, a slot's multiple) trained at a
+# policy lag of ~3.4 updates (HalfCheetah's: ~1.8); asynchronous with the synchronous batch of
+# 3,072 scored -24.2 (one seed, with the Gaussian's mean started mid-range, which alone changed
+# nothing: -41.7 / -57.8). Turn-based games keep asynchronous sampling (not measured). With a
+# GPU to learn on, asynchronous as before (not measured there: the GPU layout would make the
+# synchronous batch 14 x 4 x 64 = 3,584 on 16 cores). A caller who sets batch_size keeps it,
+# sampled asynchronously: synchronous PPO's
 # batch is the layout's one rollout of every env (docs/benchmarks/learning-suite.md,
 # "Synchronous sampling for more than four actuators").
 CONTINUOUS_CPU_DEFAULTS = dict(algo="ppo")
@@ -716,8 +725,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a GPU (not ``cpu_only``), ``gpu_layout`` for
     the cores sets whichever of the two counts is not set;
     without a family, the kind of ``actions`` (``ActionDistribution.kind``) gets its
-    ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them; one agent's
-    "continuous_many" CONTINUOUS_CPU_DEFAULTS when ``cpu_only`` and the caller set no batch_size;
+    ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them; "continuous_many"
+    CONTINUOUS_CPU_DEFAULTS when ``cpu_only``, not ``turn_based``, and the caller set no batch_size;
     IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
     ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is rounded to a multiple of
     its slot. What the caller sets always wins."""
@@ -729,7 +738,7 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
                   {**ACTION_DEFAULTS[actions], **(TURN_BASED_DEFAULTS if turn_based else {})})
     if family == "doom" and cpu_only:
         preset.update(DOOM_CPU_DEFAULTS)
-    if (not family and actions == "continuous_many" and cpu_only and not (multi_agent or turn_based)
+    if (not family and actions == "continuous_many" and cpu_only and not turn_based
             and "batch_size" not in kwargs):
         preset.update(CONTINUOUS_CPU_DEFAULTS)
     sync_atari = atari and kwargs.get("algo", "ppo") == "ppo"

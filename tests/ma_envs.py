@@ -13,6 +13,7 @@ class RepeatedRPS(ParallelEnv):
     loser. Each player sees the other's last move (one-hot; zeros at the start)."""
 
     metadata = {"name": "repeated_rps"}
+    render_mode = None  # PettingZoo's attribute (SuperSuit's vector env reads it)
 
     def __init__(self, rounds: int = 5):
         self.rounds = rounds

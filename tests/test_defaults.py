@@ -26,18 +26,25 @@ def test_continuous_actions_get_the_continuous_preset_and_keywords_win():
     assert out["learning_rate"] == 1e-3 and out["num_epochs"] == CONTINUOUS_DEFAULTS["num_epochs"]
 
 
-def test_more_than_four_actuators_of_one_agent_learnt_on_a_cpu_are_sampled_synchronously():
+def test_more_than_four_actuators_learnt_on_a_cpu_are_sampled_synchronously():
     cpu = with_defaults({}, actions="continuous_many", cpu_only=True, cores=2)
     assert cpu == {**CONTINUOUS_DEFAULTS, **CONTINUOUS_CPU_DEFAULTS, "batch_size": 1024}
     cfg = Config.from_kwargs(cpu)  # one rollout of each of the 2 x 8 envs: the batch of appo's
     assert (cfg.algo, cfg.batch_size, cfg.num_slots) == ("ppo", 1024, cfg.slots_per_batch)
-    # the caller's algo wins; up to four dimensions, a GPU learner and several agents keep
+    # the caller's algo wins; up to four dimensions, a GPU learner and turn-based games keep
     # asynchronous sampling
     assert with_defaults({"algo": "appo"}, actions="continuous_many", cpu_only=True) == {
         **CONTINUOUS_DEFAULTS, "algo": "appo"}
     assert "algo" not in with_defaults({}, actions="continuous_many", cpu_only=False, cores=2)
     assert "algo" not in with_defaults({}, actions="continuous_many", cpu_only=True,
-                                       multi_agent=True)
+                                       turn_based=True)
+    # several agents too (simple_spread's continuous forces: asynchronous, three lanes an env,
+    # trained at a lag of ~3.4 updates and ended below random play), the batch one rollout of
+    # every lane: 2 x 8 envs x 64 steps x 3 agents
+    agents = with_defaults({"lanes_per_env": 3}, actions="continuous_many", cpu_only=True,
+                           multi_agent=True)
+    assert (agents["algo"], agents["batch_size"]) == ("ppo", 3072)
+    assert Config.from_kwargs(agents).minibatch_size == 256
     assert "algo" not in with_defaults({}, actions="continuous", cpu_only=True)
     assert "algo" not in with_defaults({}, actions="categorical", cpu_only=True)
     # fewer envs make a smaller synchronous batch, in whole minibatches
@@ -193,7 +200,8 @@ def test_readme_table_of_implied_defaults_matches_the_code():
                 f"6, Ant's 8) | `policy_kwargs` `log_std_init` (as above: std 0.37 for [-1, 1]) | "
                 f"`{LOG_STD_INIT_MANY!r}` |")
     rows += [f"| continuous actions of more than {MANY_ACTUATORS} dimensions in all (HalfCheetah's "
-             f"6, Pusher's 7), one agent (not a PettingZoo env), learnt on a CPU (no GPU), "
+             f"6, Pusher's 7; MPE's 5 forces an agent), learnt on a CPU (no GPU), not a "
+             f"turn-based game, "
              f"`batch_size` not set | `{key}` | `{value!r}` |"
              for key, value in CONTINUOUS_CPU_DEFAULTS.items()]
     rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "

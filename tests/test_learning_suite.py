@@ -41,12 +41,13 @@ def test_readme_table_rows_per_family_and_budget_with_sb3_beside():
             stored("asyncrl", "cartpole", 100_000, 498.0, [(7, 470.0, FULL), (9, 490.0, FULL)], 10),
             stored("asyncrl", "cartpole", 200_000, 500.0, [(4, 500.0, FULL)], 12),
             stored("sb3", "cartpole", 100_000, 500.0, [(40, 476.0, FULL), (50, 480.0, FULL)], 60),
-            stored("asyncrl", "simple-spread", 1_000_000, -19.5, [(30, -19.0, FULL)], 60),
+            stored("asyncrl", "minesweeper", 500_000, 0.2, [(30, 0.1, FULL)], 60),
             stored("asyncrl-x", "hopper", 1_000_000, 3000.0, [(30, 2000.0, FULL)], 60)]
     table = learning_suite.readme_table(runs)
     lines = table.splitlines()
     # one heading per family that has asyncrl runs; a tagged variant's runs are not the defaults'
-    assert "**Classic control**" in lines and "**Multi-agent**" in lines and "**MuJoCo**" not in lines
+    assert ("**Classic control**" in lines and "**popgym memory tasks (GRU)**" in lines
+            and "**MuJoCo**" not in lines)
     quick = next(line for line in lines if line.startswith("| cartpole (100k) |"))
     # greedy median of 498 and 500; both seeds past 475 (at 1k and 2k env steps, 5 s and 9 s);
     # (median 1.5k, written 2k); SB3's one run past 475 at 1k env steps, 40 s; SB3's final 480
@@ -55,8 +56,8 @@ def test_readme_table_rows_per_family_and_budget_with_sb3_beside():
                      "2/2: 2k (1k to 2k), 7 s (5 s to 9 s) | 1/1: 1k, 40 s | 0.12 (2/2 reach 480) |")
     # the full budget is a row of its own; no SB3 run there
     assert "| cartpole (200k) | 475 | 500 (1 seed) | not run at this budget | 1/1: 1k, 4 s | - | - |" in lines
-    # an env SB3 cannot take as it comes says so
-    assert any(line.startswith("| simple-spread (1,000k) |") and "SB3 cannot run it" in line for line in lines)
+    # an env SB3 cannot take as it comes (MineSweeper's Tuple observation) says so
+    assert any(line.startswith("| minesweeper (500k) |") and "SB3 cannot run it" in line for line in lines)
     # scores of four digits are written out, not in e-notation
     assert learning_suite.score(4363.2) == "4,363" and learning_suite.score(-0.0634) == "-0.0634"
 
@@ -112,3 +113,36 @@ def test_an_asyncrl_run_records_updates_and_policy_lag_beside_its_curve(monkeypa
     assert steps >= 8_192 and updates >= 1 and isinstance(lag, float) and 0.0 <= lag < 50
     assert all(len(point) == 6 for point in run["curve"])
     assert [p[4] for p in run["curve"]] == sorted(p[4] for p in run["curve"])  # never back
+
+
+def test_sb3s_shared_policy_plays_every_agent_and_an_episode_scores_its_agents_mean():
+    # the greedy score of a multi-agent row is asyncrl's evaluate(): each episode's mean return
+    # over its agents, agents that leave early included (Leaving: agent k plays k + 1 steps, 1 a
+    # step for repeating its cue, so a perfect policy scores (1 + 2 + 3) / 3 each episode)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ma_envs
+
+    class Perfect:  # SB3's predict on a batch of the agents' observations
+        def predict(self, obs, deterministic=True):
+            return obs.argmax(axis=1), None
+
+    assert learning_suite.sb3_eval_parallel(Perfect(), ma_envs.leaving(), 3) == [2.0, 2.0, 2.0]
+    assert learning_suite.is_multi_agent(ma_envs.leaving)
+    assert not learning_suite.is_multi_agent("CartPole-v1")
+
+
+@pytest.mark.timeout(120)
+def test_sb3_trains_a_parallel_env_with_one_policy_shared_by_its_agents(monkeypatch):
+    # each agent an env of SuperSuit's vector env (PettingZoo's SB3 tutorial): the budget counts
+    # agent steps, as asyncrl's, and the curve holds the agents' episode returns
+    pytest.importorskip("supersuit")
+    pytest.importorskip("stable_baselines3")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ma_envs
+    monkeypatch.setitem(learning_suite.CASES, "tiny-ma",
+                        learning_suite.Case(ma_envs.rps, 2_048, 0, "multiagent", eval_episodes=2))
+    run = learning_suite.run_sb3("tiny-ma", 0)
+    steps, _, ret, window = run["curve"][-1]
+    assert steps >= 2_048 and 0 < window <= learning_suite.RETURN_WINDOW
+    # rock-paper-scissors is zero-sum: the mean over both players of any episode is 0
+    assert ret == 0.0 and run["greedy_mean"] == 0.0 and run["sampled_mean"] == 0.0
