@@ -204,16 +204,22 @@ def cues():
 
 class Mixed(Seeded):
     """Agent "disc" answers a cue among 2 (Discrete(2)); agent "cont" steers a Box(1) action
-    towards a target it sees (reward -|a - target|). 4 steps an episode."""
+    towards a target it sees (reward -|a - target|). 4 steps an episode. ``cont_size``: the
+    size of cont's Box, whose first entry is the one that counts."""
 
     metadata = {"name": "mixed"}
     possible_agents = ["disc", "cont"]
+
+    def __init__(self, cont_size: int = 1):
+        super().__init__()
+        self.cont_size = cont_size
 
     def observation_space(self, agent):
         return gym.spaces.Box(-1.0, 1.0, (2,) if agent == "disc" else (1,), np.float32)
 
     def action_space(self, agent):
-        return gym.spaces.Discrete(2) if agent == "disc" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        return gym.spaces.Discrete(2) if agent == "disc" else gym.spaces.Box(
+            -1.0, 1.0, (self.cont_size,), np.float32)
 
     def _observe(self):
         self.cue, self.target = int(self.rng.integers(2)), float(self.rng.uniform(-1, 1))
@@ -221,7 +227,7 @@ class Mixed(Seeded):
                 "cont": np.array([self.target], np.float32)}
 
     def step(self, actions):
-        assert actions["disc"] in (0, 1) and np.shape(actions["cont"]) == (1,)
+        assert actions["disc"] in (0, 1) and np.shape(actions["cont"]) == (self.cont_size,)
         rewards = {"disc": float(actions["disc"] == self.cue),
                    "cont": -abs(float(np.clip(actions["cont"][0], -1, 1)) - self.target)}
         self.t += 1
@@ -235,6 +241,11 @@ class Mixed(Seeded):
 
 def mixed():
     return Mixed()
+
+
+def mixed_many():
+    """Mixed with a Box of 6 for "cont": more than four continuous dimensions."""
+    return Mixed(cont_size=6)
 
 
 class TicTacToe(ParallelEnv):

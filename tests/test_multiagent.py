@@ -549,6 +549,24 @@ def test_trained_policies_with_different_lanes_get_their_own_batch_and_reload(tm
         loaded.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_synchronous_policy_of_many_actuators_trains_beside_an_asynchronous_discrete_one():
+    # on a CPU a policy of more than four continuous dimensions samples synchronously, several
+    # agents or one (CONTINUOUS_CPU_DEFAULTS), its batch one rollout of its lanes; a discrete
+    # policy beside it keeps its asynchronous batch, and both train in worker processes
+    kw = dict(policies={"disc": None, "cont": None}, policy_mapping=lambda agent: agent)
+    with APPO(ma_envs.mixed_many, num_workers=1, num_envs_per_worker=2, seed=0, device="cpu",
+              verbose=0, **kw) as model:
+        disc, cont = (t.config for t in model.trainees.values())
+        assert (disc.algo, cont.algo) == ("appo", "ppo")
+        assert cont.batch_size == 1 * 2 * cont.rollout  # one rollout of each env's one lane
+        model.train(3_000)
+        steps = {pid: (t.num_timesteps, t.version) for pid, t in model.trainees.items()}
+    assert all(n >= 3_000 and version >= 1 for n, version in steps.values()), steps
+    # synchronous: one update per rollout of the envs, so no fewer updates than that
+    assert steps["cont"][1] >= 3_000 // cont.batch_size
+
+
 @pytest.mark.timeout(60)
 def test_a_continuous_policy_beside_a_discrete_one_gets_its_own_defaults_not_its_own_rollout(tmp_path):
     """The continuous policy's implied defaults (CONTINUOUS_DEFAULTS) apply to it, except the
