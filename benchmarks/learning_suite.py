@@ -205,10 +205,11 @@ CASES: Dict[str, Case] = {
     "humanoid": Case("Humanoid-v5", 1_000_000, 1000, "heldout5"),
     # Held out, sixth round (2026-12-06), target set before any run: simple_spread with MPE2's
     # continuous actions (three agents sharing one policy, each a Box(0, 1, (5,)) of forces: five
-    # dimensions, so the continuous defaults' many-actuator noise, with asynchronous sampling,
-    # as several agents keep). The same task and reward as the discrete row: random play scores
-    # -26.9 and keeping still -25.7 (the mean agent's return, 10 episodes each), the discrete
-    # defaults -19.7 over 7 seeds, so the target is the discrete row's, -20.
+    # dimensions, so the continuous defaults' many-actuator noise; sampled asynchronously then, as
+    # several agents were, synchronously since this round's runs). The same task and reward as
+    # the discrete row: random play scores -26.9 and keeping still -25.7 (the mean agent's
+    # return, 10 episodes each), the discrete defaults -19.7 over 7 seeds, so the target is the
+    # discrete row's, -20.
     "simple-spread-continuous": Case(se.simple_spread_continuous, 1_000_000, -20, "heldout6"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the issue's mark),
