@@ -211,6 +211,11 @@ CASES: Dict[str, Case] = {
     # return, 10 episodes each), the discrete defaults -19.7 over 7 seeds, so the target is the
     # discrete row's, -20.
     "simple-spread-continuous": Case(se.simple_spread_continuous, 1_000_000, -20, "heldout6"),
+    # ... and multiwalker (2026-12-06, target set before any run): three agents of four continuous
+    # dimensions each, which the rule leaves asynchronous. Random play scores -104 (a walker
+    # falls within 67 steps) and keeping still -97 (110 steps; the mean agent's return, 10
+    # episodes each); the target, 0, asks the walkers to carry the package without a fall.
+    "multiwalker": Case(se.multiwalker, 1_000_000, 0, "heldout6"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on

@@ -168,6 +168,14 @@ def simple_spread_continuous():
     return simple_spread_v3.parallel_env(continuous_actions=True)
 
 
+def multiwalker():
+    """PettingZoo's SISL multiwalker: three bipedal walkers carry a package, each a
+    ``Box(-1, 1, (4,))`` of joint torques and 31 observations; the reward, shared, pays the
+    package's progress, -10 for a walker's fall, -100 where a fall or the package's ends it."""
+    from pettingzoo.sisl import multiwalker_v9
+    return multiwalker_v9.parallel_env()
+
+
 class IntAction(gym.ActionWrapper):
     """A ``Discrete`` action as a Python int (SB3 steps envs with numpy integers, which NASim's
     flat action space refuses)."""
