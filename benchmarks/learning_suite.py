@@ -399,11 +399,11 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
             shutil.rmtree(model.logger.get_dir(), ignore_errors=True)
     wall = time.perf_counter() - t0
     obs_fn = env.normalize_obs if normalize is not None else None  # its statistics, frozen now
-    play = sb3_eval_parallel if multi_agent else sb3_eval_returns
-    returns = play(model, case.env() if multi_agent else make(), eval_episodes(case), obs_fn=obs_fn)
+    play, make_eval = (sb3_eval_parallel, case.env) if multi_agent else (sb3_eval_returns, make)
+    returns = play(model, make_eval(), eval_episodes(case), obs_fn=obs_fn)
     mean, std = float(np.mean(returns)), float(np.std(returns))
-    sampled = float(np.mean(play(model, case.env() if multi_agent else make(), eval_episodes(case),
-                                 deterministic=False, obs_fn=obs_fn)))
+    sampled = float(np.mean(play(model, make_eval(), eval_episodes(case), deterministic=False,
+                                 obs_fn=obs_fn)))
     return dict(lib="sb3zoo" if zoo else "sb3", env=name, steps=case.steps, seed=seed, overrides={},
                 curve=curve, wall=wall, greedy_mean=float(mean), greedy_std=float(std),
                 sampled_mean=sampled, config={"algo": case.sb3, "zoo": key, "n_envs": n_envs,
@@ -469,23 +469,20 @@ def sb3_shared_policy_env(case: Case, copies: int, seed: int):
 def sb3_eval_parallel(model, env, episodes: int, deterministic: bool = True,
                       obs_fn=None) -> List[float]:
     """SB3's shared policy playing every agent of a ``ParallelEnv`` on the episodes asyncrl's
-    ``evaluate(seed=EVAL_SEED)`` plays: each episode's mean return over its agents, as
-    asyncrl's ``evaluate`` reports a multi-agent env's."""
-    returns = []
-    for ep in range(episodes):
-        obs, _ = env.reset(seed=EVAL_SEED + ep)
-        totals: Dict[str, float] = {}
-        while env.agents:
-            agents = list(env.agents)
-            batch = np.stack([obs[a] for a in agents])
-            actions, _ = model.predict(batch if obs_fn is None else obs_fn(batch),
-                                       deterministic=deterministic)
-            obs, rewards, _, _, _ = env.step(dict(zip(agents, actions)))
-            for a, r in rewards.items():
-                totals[a] = totals.get(a, 0.0) + float(r)
-        returns.append(float(np.mean(list(totals.values()))))
-    env.close()
-    return returns
+    ``evaluate(seed=EVAL_SEED)`` plays, through asyncrl's own episode loop
+    (``play_parallel_episode``): each episode's mean return over its agents."""
+    from asyncrl.multiagent import AgentLayout, play_parallel_episode
+    shared = AgentLayout(env.possible_agents, ["sb3"], {}, None)  # one policy for every agent
+
+    def act(pid, obs, info, start, state):
+        action, _ = model.predict(obs if obs_fn is None else obs_fn(obs), deterministic=deterministic)
+        return action, None
+
+    try:
+        return [play_parallel_episode(shared, env, act, EVAL_SEED + ep, ep)["sb3"]
+                for ep in range(episodes)]
+    finally:
+        env.close()
 
 
 def sb3_eval_returns(model, env, episodes: int, deterministic: bool = True,

@@ -122,9 +122,9 @@ def test_sb3s_shared_policy_plays_every_agent_and_an_episode_scores_its_agents_m
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import ma_envs
 
-    class Perfect:  # SB3's predict on a batch of the agents' observations
+    class Perfect:  # SB3's predict on an agent's observation
         def predict(self, obs, deterministic=True):
-            return obs.argmax(axis=1), None
+            return obs.argmax(axis=-1), None
 
     assert learning_suite.sb3_eval_parallel(Perfect(), ma_envs.leaving(), 3) == [2.0, 2.0, 2.0]
     assert learning_suite.is_multi_agent(ma_envs.leaving)
