@@ -523,7 +523,8 @@ ATARI_BATCH_SIZE = 1024  # rounded to a multiple of the slot size
 # learns Pong as on the CPU per frame where the asynchronous preset (rollout 128 over the GPU
 # layout, 28 envs) does not: on a lent H200 (16 cores, 8 x 2, seed 0) +18 at 8.8M frames in 481 s,
 # ~4,550 env steps/s; the asynchronous preset at ~8,460 env steps/s had +2.4 at 10M frames (303 s,
-# a lent H100) and was behind from ~250 s on (docs/guides/atari.md, "On a GPU").
+# a lent H100) and was behind from ~250 s on (docs/guides/atari.md, "On a GPU"). A caller who
+# sets batch_size but no algo samples asynchronously with it, as CONTINUOUS_CPU_DEFAULTS do.
 ATARI_SYNC_DEFAULTS = dict(algo="ppo", rollout=64)
 ATARI_ENVS = 16
 
@@ -723,10 +724,11 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
                   multi_agent: bool = False, turn_based: bool = False) -> dict:
     """The caller's keywords, over the values that the env ``family`` (``envs.env_family``) and the
     algorithm variant imply: a family gets FAMILY_DEFAULTS[family], "doom" DOOM_DEFAULTS; Atari
-    gets ATARI_DEFAULTS, and unless the caller chose another ``algo``, on any device,
-    ATARI_SYNC_DEFAULTS with ``atari_layout`` for the ``cores`` (default: available_cores());
-    Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a GPU (not ``cpu_only``), ``gpu_layout`` for
-    the cores sets whichever of the two counts is not set;
+    gets ATARI_DEFAULTS, and unless the caller chose another ``algo`` (or set ``batch_size``
+    and no ``algo``), on any device, ATARI_SYNC_DEFAULTS with ``atari_layout`` for the
+    ``cores`` (default: available_cores()); Doom DOOM_CPU_DEFAULTS when ``cpu_only``; with a
+    GPU (not ``cpu_only``), ``gpu_layout`` for the cores sets whichever of the two counts is not
+    set;
     without a family, the kind of ``actions`` (``ActionDistribution.kind``) gets its
     ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them; "continuous_many"
     CONTINUOUS_CPU_DEFAULTS when ``cpu_only``, not ``turn_based``, and the caller set no batch_size;
@@ -744,7 +746,9 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     if (not family and actions == "continuous_many" and cpu_only and not turn_based
             and "batch_size" not in kwargs):
         preset.update(CONTINUOUS_CPU_DEFAULTS)
-    sync_atari = atari and kwargs.get("algo", "ppo") == "ppo"
+    # a synchronous batch is one rollout of every env: a caller's batch_size without an algo
+    # samples asynchronously instead, as with CONTINUOUS_CPU_DEFAULTS above
+    sync_atari = atari and kwargs.get("algo", "appo" if "batch_size" in kwargs else "ppo") == "ppo"
     if sync_atari:
         preset.update(ATARI_SYNC_DEFAULTS)
     merged = {**preset, **kwargs}

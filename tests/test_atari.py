@@ -5,6 +5,7 @@ import torch
 
 from asyncrl.encoders import ConvEncoder
 from asyncrl import APPO, Config
+from asyncrl.config import ConfigError
 from asyncrl.envs import make_env
 
 pytest.importorskip("ale_py")
@@ -128,6 +129,13 @@ def test_atari_defaults_apply_to_ale_ids_and_yield_to_the_caller():
         assert model.config.replace(seed=None) == expected.replace(seed=None)
     with APPO("ALE/Pong-v5", verbose=0, device="cpu", algo="appo") as model:  # asked for
         assert model.config.rollout == 128 and model.config.batch_size == 1024
+    # a caller's batch_size without an algo is kept, sampled asynchronously (as for many
+    # actuators); with algo="ppo" it must be the layout's one rollout of every env
+    with APPO("ALE/Pong-v5", verbose=0, device="cpu", batch_size=2048) as model:
+        cfg = model.config
+        assert (cfg.algo, cfg.rollout, cfg.batch_size) == ("appo", 128, 2048)
+    with pytest.raises(ConfigError, match=r"batch_size=2048: algo='ppo' .*algo='appo'"):
+        APPO("ALE/Pong-v5", verbose=0, device="cpu", batch_size=2048, algo="ppo")
     with APPO("ALE/Pong-v5", verbose=0, device="cpu", gamma=0.995, num_envs_per_worker=6) as model:
         assert model.config.gamma == 0.995 and model.config.reward_clip == 1.0
         assert model.config.batch_size % model.config.slot_size == 0  # re-derived for 3 envs/group
