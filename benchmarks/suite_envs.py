@@ -161,6 +161,13 @@ def simple_spread():
     return simple_spread_v3.parallel_env(continuous_actions=False)
 
 
+def simple_spread6():
+    """simple_spread with six agents and six landmarks (MPE2's ``N=6``): twice the lanes an env
+    of the three-agent row, 36 observations an agent, the same five discrete moves."""
+    from mpe2 import simple_spread_v3
+    return simple_spread_v3.parallel_env(N=6, continuous_actions=False)
+
+
 def simple_spread_continuous():
     """simple_spread with MPE2's continuous actions: each agent's ``Box(0, 1, (5,))``, a force
     for no move and each of the four directions (the discrete form picks one of the five)."""
