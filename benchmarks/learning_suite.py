@@ -221,9 +221,9 @@ CASES: Dict[str, Case] = {
     # steps). Each env puts six lanes in flight where the three-agent row puts three. The mean
     # agent's return over seeded episodes (10; the scripted policy's 20): random play -38.7,
     # keeping still -32.9, a scripted policy that sends each agent to its landmark of a
-    # minimum-distance assignment -13.2 (three agents: -25.1, -25.7, -8.9, where the defaults' -19.7 over 7 seeds is 0.36 of
-    # the way from still to scripted and the target, -20, 0.34); the target, -26, is 0.34 of the
-    # way here.
+    # minimum-distance assignment -13.2 (three agents: -25.1, -25.7, -8.9, where the defaults'
+    # -19.7 over 7 seeds is 0.36 of the way from still to scripted and the target, -20, 0.34);
+    # the target, -26, is 0.34 of the way here.
     "simple-spread6": Case(se.simple_spread6, 2_000_000, -26, "heldout7"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the issue's mark),
