@@ -650,6 +650,16 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
 # batch is the layout's one rollout of every env (docs/benchmarks/learning-suite.md,
 # "Synchronous sampling for more than four actuators").
 CONTINUOUS_CPU_DEFAULTS = dict(algo="ppo")
+# ... and for several agents sampled so, minibatches of 128 (24 gradient steps an epoch of the
+# 3,072-sample batch where 256 take 12). simple_spread with MPE2's continuous forces, 1M agent
+# steps, seeds 0-2: greedy -19.6 / -19.3 / -20.8, the target (-20) in 3 seeds of 3 at 132k-197k
+# agent steps (23-36 s), against 256's -23.4 / -25.2 / -23.2 (median -23.2 over 7 seeds, the
+# target in 2; SB3 -21.4), at 1.2x the wall time a run; 64 (seed 0): -20.0 at 1.5x. On one
+# agent's many actuators (seeds 0-2) 128 was ahead on Pusher (-28.3 against -29.4), level on
+# HalfCheetah (greedy 6,280 against 6,852, training return 5,190 against 5,933) and behind on
+# Walker2d, so one agent keeps 256 (docs/benchmarks/learning-suite.md, "Minibatches of 128 for
+# several agents").
+SEVERAL_AGENTS_CPU_DEFAULTS = dict(minibatch_size=128)
 
 # Factored discrete actions (several choices made together: MultiDiscrete, MultiBinary, a Tuple
 # or Dict of Discretes): ten times the entropy bonus. Some combinations of the parts are often
@@ -731,7 +741,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     set;
     without a family, the kind of ``actions`` (``ActionDistribution.kind``) gets its
     ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them; "continuous_many"
-    CONTINUOUS_CPU_DEFAULTS when ``cpu_only``, not ``turn_based``, and the caller set no batch_size;
+    CONTINUOUS_CPU_DEFAULTS when ``cpu_only``, not ``turn_based``, and the caller set no batch_size
+    (``multi_agent``: with SEVERAL_AGENTS_CPU_DEFAULTS);
     IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
     ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is rounded to a multiple of
     its slot. What the caller sets always wins."""
@@ -745,7 +756,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
         preset.update(DOOM_CPU_DEFAULTS)
     if (not family and actions == "continuous_many" and cpu_only and not turn_based
             and "batch_size" not in kwargs):
-        preset.update(CONTINUOUS_CPU_DEFAULTS)
+        preset.update({**CONTINUOUS_CPU_DEFAULTS,
+                       **(SEVERAL_AGENTS_CPU_DEFAULTS if multi_agent else {})})
     # a synchronous batch is one rollout of every env: a caller's batch_size without an algo
     # samples asynchronously instead, as with CONTINUOUS_CPU_DEFAULTS above
     sync_atari = atari and kwargs.get("algo", "appo" if "batch_size" in kwargs else "ppo") == "ppo"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_CPU_DEFAULTS, CONTINUOUS_DEFAULTS,
+                            SEVERAL_AGENTS_CPU_DEFAULTS,
                             FACTORED_DEFAULTS, TURN_BASED_DEFAULTS, Config, ConfigError,
                             portable, with_defaults)
 from asyncrl.distributions import LOG_STD_INIT, LOG_STD_INIT_MANY, MANY_ACTUATORS, make_distribution
@@ -40,11 +41,19 @@ def test_more_than_four_actuators_learnt_on_a_cpu_are_sampled_synchronously():
                                        turn_based=True)
     # several agents too (simple_spread's continuous forces: asynchronous, three lanes an env,
     # trained at a lag of ~3.4 updates and ended below random play), the batch one rollout of
-    # every lane: 2 x 8 envs x 64 steps x 3 agents
+    # every lane: 2 x 8 envs x 64 steps x 3 agents, in minibatches of 128 (one agent's: 256)
     agents = with_defaults({"lanes_per_env": 3}, actions="continuous_many", cpu_only=True,
                            multi_agent=True)
     assert (agents["algo"], agents["batch_size"]) == ("ppo", 3072)
-    assert Config.from_kwargs(agents).minibatch_size == 256
+    assert Config.from_kwargs(agents).minibatch_size == SEVERAL_AGENTS_CPU_DEFAULTS[
+        "minibatch_size"] == 128
+    assert Config.from_kwargs(with_defaults({"lanes_per_env": 3, "minibatch_size": 512},
+                                            actions="continuous_many", cpu_only=True,
+                                            multi_agent=True)).minibatch_size == 512
+    # asynchronous several agents (a caller's batch_size) keep the continuous preset's 256
+    assert Config.from_kwargs(with_defaults({"lanes_per_env": 3, "batch_size": 1536},
+                                            actions="continuous_many", cpu_only=True,
+                                            multi_agent=True)).minibatch_size == 256
     assert "algo" not in with_defaults({}, actions="continuous", cpu_only=True)
     assert "algo" not in with_defaults({}, actions="categorical", cpu_only=True)
     # fewer envs make a smaller synchronous batch, in whole minibatches
@@ -204,6 +213,8 @@ def test_readme_table_of_implied_defaults_matches_the_code():
              f"turn-based game, "
              f"`batch_size` not set | `{key}` | `{value!r}` |"
              for key, value in CONTINUOUS_CPU_DEFAULTS.items()]
+    rows += [f"| as above, several agents (PettingZoo) | `{key}` | `{value!r}` |"
+             for key, value in SEVERAL_AGENTS_CPU_DEFAULTS.items()]
     rows += [f"| factored discrete actions (`MultiDiscrete`, `MultiBinary`, a `Tuple` or `Dict` of "
              f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
     rows += [f"| a turn-based game (a PettingZoo `AECEnv`; over the action space's row) | `{key}` | "
