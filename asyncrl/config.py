@@ -646,20 +646,18 @@ CONTINUOUS_DEFAULTS = dict(rollout=64, learning_rate=3e-4, clip_coef=0.2, ent_co
 # more than four. Turn-based games keep asynchronous sampling (not measured). With a
 # GPU to learn on, asynchronous as before (not measured there: the GPU layout would make the
 # synchronous batch 14 x 4 x 64 = 3,584 on 16 cores). A caller who sets batch_size keeps it,
-# sampled asynchronously: synchronous PPO's
-# batch is the layout's one rollout of every env (docs/benchmarks/learning-suite.md,
-# "Synchronous sampling for more than four actuators").
+# sampled asynchronously: synchronous PPO's batch is the layout's one rollout of every env
+# (docs/benchmarks/learning-suite.md, "Synchronous sampling for more than four actuators").
 CONTINUOUS_CPU_DEFAULTS = dict(algo="ppo")
 # ... and for several agents sampled so, minibatches of 128 (24 gradient steps an epoch of the
 # 3,072-sample batch where 256 take 12). simple_spread with MPE2's continuous forces, 1M agent
 # steps, seeds 0-6: greedy median -20.8 (-22.1 to -19.3), the target (-20) in 6 seeds of 7 at
 # 132k-519k agent steps (23-94 s), against 256's -23.2 (-25.2 to -20.9; the target in 2 of 7;
 # rank-sum p = 0.03; SB3 -21.4 over 3), at 1.2-1.3x the wall time a run; 64 (seed 0): -20.0 at
-# 1.5x. On one
-# agent's many actuators (seeds 0-2) 128 was ahead on Pusher (-28.3 against -29.4), level on
-# HalfCheetah (greedy 6,280 against 6,852, training return 5,190 against 5,933) and behind on
-# Walker2d, so one agent keeps 256 (docs/benchmarks/learning-suite.md, "Minibatches of 128 for
-# several agents").
+# 1.5x. On one agent's many actuators (seeds 0-2) 128 was ahead on Pusher (-28.3 against -29.4),
+# level on HalfCheetah (greedy 6,280 against 6,852, training return 5,190 against 5,933) and
+# behind on Walker2d (seeds 0-1), so one agent keeps 256 (docs/benchmarks/learning-suite.md,
+# "Minibatches of 128 for several agents").
 SEVERAL_AGENTS_CPU_DEFAULTS = dict(minibatch_size=128)
 
 # Factored discrete actions (several choices made together: MultiDiscrete, MultiBinary, a Tuple
