@@ -175,6 +175,14 @@ def simple_spread_continuous():
     return simple_spread_v3.parallel_env(continuous_actions=True)
 
 
+def simple_reference():
+    """MPE2's simple_reference: two agents sharing one policy, each told the colour of the
+    landmark the *other* must reach and able to say one of ten words (``Discrete(50)``: five
+    moves times ten words); the reward, half shared, pays each agent's distance from its goal."""
+    from mpe2 import simple_reference_v3
+    return simple_reference_v3.parallel_env()
+
+
 def multiwalker():
     """PettingZoo's SISL multiwalker: three bipedal walkers carry a package, each a
     ``Box(-1, 1, (4,))`` of joint torques and 31 observations; the reward, shared, pays the
