@@ -228,15 +228,17 @@ CASES: Dict[str, Case] = {
     # Held out, eighth round (2026-12-06), targets set before any run. HumanoidStandup: Humanoid's
     # body (seventeen actuators, 348 observations) lying down, paid its torso's height every step
     # of 1,000 (no fall ends it): returns of ~30,000 where Humanoid's are ~1,000, a test of the
-    # reward scale. Random play scores 32,836 and keeping still 29,826 (10 episodes each); the
-    # target, 60,000, twice keeping still, asks it to lift its torso off the floor.
+    # reward scale. Random play scores 34,793 and keeping still 29,826 (10 episodes each,
+    # benchmarks/reference_scores.py); the target, 60,000, twice keeping still, asks it to lift
+    # its torso off the floor.
     "humanoid-standup": Case("HumanoidStandup-v5", 1_000_000, 60_000, "heldout8"),
     # ... and simple_reference (two agents, one shared policy, five moves times ten words, 25
     # steps): each agent sees its partner's goal, not its own, so a score needs words. The mean
-    # agent's return over seeded episodes (10; scripted ones 20): random play -28.8, keeping
-    # still -25.2, a scripted policy that goes to the landmarks' centre without a word -18.3, one
-    # that names the partner's goal and goes where it is told -9.9; the target, -15.5, is 0.34 of
-    # the way from the wordless to the talking script (the earlier rounds' fraction).
+    # agent's return over seeded episodes (10; scripted ones 20; benchmarks/reference_scores.py):
+    # random play -29.6, keeping still -25.2, a scripted policy that goes to the landmarks' centre
+    # without a word -18.3, one that names the partner's goal and goes where it is told -9.9; the
+    # target, -15.5, is 0.34 of the way from the wordless to the talking script (the earlier
+    # rounds' fraction).
     "simple-reference": Case(se.simple_reference, 1_000_000, -15.5, "heldout8"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the issue's mark),

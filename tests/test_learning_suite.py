@@ -146,3 +146,20 @@ def test_sb3_trains_a_parallel_env_with_one_policy_shared_by_its_agents(monkeypa
     assert steps >= 2_048 and 0 < window <= learning_suite.RETURN_WINDOW
     # rock-paper-scissors is zero-sum: the mean over both players of any episode is 0
     assert ret == 0.0 and run["greedy_mean"] == 0.0 and run["sampled_mean"] == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_reference_scores_are_seeded_and_keeping_still_stays_within_the_bounds(monkeypatch):
+    # a held-out target is set against these before any run: the same seed gives the same score
+    reference_scores = pytest.importorskip("reference_scores")
+    import gymnasium as gym
+    import numpy as np
+    monkeypatch.setitem(learning_suite.CASES, "cartpole-ref",
+                        learning_suite.Case("CartPole-v1", 1_000, 475, "classic"))
+    still = [reference_scores.episode("cartpole-ref", reference_scores.keep_still, s) for s in (0, 0, 1)]
+    assert still[0] == still[1] and 5 <= min(still) and max(still) <= 15  # pushing left falls soon
+    rand = [reference_scores.episode("cartpole-ref", reference_scores.random_play, 3) for _ in range(2)]
+    assert rand[0] == rand[1]
+    rng = np.random.default_rng(0)
+    assert reference_scores.keep_still(None, gym.spaces.Box(0.5, 1.0, (2,)), rng).tolist() == [0.5, 0.5]
+    assert reference_scores.keep_still(None, gym.spaces.Discrete(50), rng) == 0

@@ -1,0 +1,109 @@
+"""Reference scores a held-out case's target is set against, before any run: random play,
+keeping still and, where one is written below, scripted policies, each over seeded episodes
+(resets seeded 0, 1, ...; the suite's measure: an episode's return, a multi-agent episode's mean
+return over its agents).
+
+    python benchmarks/reference_scores.py --envs humanoid-standup,simple-reference [--episodes 10]
+"""
+import argparse
+import os
+import sys
+from typing import Callable, Dict
+
+import gymnasium as gym
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from learning_suite import CASES, is_multi_agent  # noqa: E402
+
+Policy = Callable[[np.ndarray, gym.Space, np.random.Generator], object]
+
+
+def random_play(obs, space: gym.Space, rng: np.random.Generator):
+    space.seed(int(rng.integers(2 ** 31)))
+    return space.sample()
+
+
+def keep_still(obs, space: gym.Space, rng: np.random.Generator):
+    """Action 0 of a Discrete space (MPE2's no move and, with words, word 0); zero force of a
+    Box, clipped into its bounds."""
+    if isinstance(space, gym.spaces.Box):
+        return np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
+    return space.sample() * 0
+
+
+def _move_to(rel: np.ndarray, vel: np.ndarray) -> int:
+    """MPE2's discrete move toward a point (relative position), damped by the velocity: 0 none,
+    1 / 2 along -x / +x, 3 / 4 along -y / +y."""
+    aim = rel - 0.5 * vel
+    if np.abs(aim).max() <= 0.05:
+        return 0
+    if abs(aim[0]) >= abs(aim[1]):
+        return 2 if aim[0] > 0 else 1
+    return 4 if aim[1] > 0 else 3
+
+
+# simple_reference's observation: own velocity (2), the three landmarks relative to the agent (6),
+# the colour of the partner's goal (3; landmark i's colour is 0.75 in channel i), the partner's
+# word (10, one-hot once said); its Discrete(50) action is move + 5 x word
+def reference_centre(obs, space, rng) -> int:
+    """Goes to the landmarks' centre and says nothing useful (word 0)."""
+    return _move_to(obs[2:8].reshape(3, 2).mean(0), obs[:2])
+
+
+def reference_talk(obs, space, rng) -> int:
+    """Names the partner's goal (its landmark index as the word) and goes to the landmark its
+    partner names (nowhere before a word arrives)."""
+    said, heard = obs[8:11], obs[11:21]
+    word = int(np.argmax(said)) if said.max() > 0 else 0
+    move = _move_to(obs[2:8].reshape(3, 2)[int(np.argmax(heard))], obs[:2]) \
+        if 0 < heard.max() and int(np.argmax(heard)) < 3 else 0
+    return move + 5 * word
+
+
+SCRIPTED: Dict[str, Dict[str, Policy]] = {
+    "simple-reference": {"centre, no word": reference_centre, "names the goal": reference_talk},
+}
+
+
+def episode(case_name: str, policy: Policy, seed: int) -> float:
+    case, rng = CASES[case_name], np.random.default_rng(seed)
+    if is_multi_agent(case.env):
+        env = case.env()
+        obs, _ = env.reset(seed=seed)
+        returns = {a: 0.0 for a in env.agents}
+        while env.agents:
+            obs, rewards, _, _, _ = env.step({a: policy(obs[a], env.action_space(a), rng)
+                                              for a in env.agents})
+            for a, r in rewards.items():
+                returns[a] += r
+        env.close()
+        return float(np.mean(list(returns.values())))
+    env = case.env() if callable(case.env) else gym.make(case.env)
+    obs, _ = env.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        obs, r, terminated, truncated, _ = env.step(policy(obs, env.action_space, rng))
+        total, done = total + float(r), terminated or truncated
+    env.close()
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", required=True, help="suite case names, comma separated")
+    parser.add_argument("--episodes", type=int, default=10)
+    args = parser.parse_args()
+    for name in args.envs.split(","):
+        if name not in CASES:
+            parser.error(f"unknown case {name!r}; the suite's cases: {', '.join(CASES)}")
+        policies = {"random play": random_play, "keeping still": keep_still, **SCRIPTED.get(name, {})}
+        for label, policy in policies.items():
+            scores = [episode(name, policy, s) for s in range(args.episodes)]
+            print(f"{name}: {label}: {np.mean(scores):,.2f} (std {np.std(scores):,.2f}, "
+                  f"{args.episodes} episodes)")
+
+
+if __name__ == "__main__":
+    main()
