@@ -26,11 +26,13 @@ def random_play(obs, space: gym.Space, rng: np.random.Generator):
 
 
 def keep_still(obs, space: gym.Space, rng: np.random.Generator):
-    """Action 0 of a Discrete space (MPE2's no move and, with words, word 0); zero force of a
-    Box, clipped into its bounds."""
+    """A Discrete space's first action (MPE2's no move and, with words, word 0), a
+    MultiDiscrete's first in each part; zero force of a Box, clipped into its bounds."""
     if isinstance(space, gym.spaces.Box):
         return np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
-    return space.sample() * 0
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return np.array(space.start).copy() if space.shape else int(space.start)
+    raise ValueError(f"keeping still is not defined for {space}: write a scripted policy instead")
 
 
 def _move_to(rel: np.ndarray, vel: np.ndarray) -> int:

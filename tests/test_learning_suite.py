@@ -163,3 +163,5 @@ def test_reference_scores_are_seeded_and_keeping_still_stays_within_the_bounds(m
     rng = np.random.default_rng(0)
     assert reference_scores.keep_still(None, gym.spaces.Box(0.5, 1.0, (2,)), rng).tolist() == [0.5, 0.5]
     assert reference_scores.keep_still(None, gym.spaces.Discrete(50), rng) == 0
+    assert reference_scores.keep_still(None, gym.spaces.Discrete(3, start=-1), rng) == -1
+    assert reference_scores.keep_still(None, gym.spaces.MultiDiscrete([4, 2]), rng).tolist() == [0, 0]
