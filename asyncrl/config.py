@@ -755,8 +755,9 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
         preset.update(DOOM_CPU_DEFAULTS)
     if (not family and actions == "continuous_many" and cpu_only and not turn_based
             and "batch_size" not in kwargs):
-        preset.update({**CONTINUOUS_CPU_DEFAULTS,
-                       **(SEVERAL_AGENTS_CPU_DEFAULTS if multi_agent else {})})
+        preset.update(CONTINUOUS_CPU_DEFAULTS)
+        if multi_agent:
+            preset.update(SEVERAL_AGENTS_CPU_DEFAULTS)
     # a synchronous batch is one rollout of every env: a caller's batch_size without an algo
     # samples asynchronously instead, as with CONTINUOUS_CPU_DEFAULTS above
     sync_atari = atari and kwargs.get("algo", "appo" if "batch_size" in kwargs else "ppo") == "ppo"

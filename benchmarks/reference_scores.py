@@ -72,15 +72,16 @@ SCRIPTED: Dict[str, Dict[str, Policy]] = {
 def episode(case_name: str, policy: Policy, seed: int) -> float:
     case, rng = CASES[case_name], np.random.default_rng(seed)
     if is_multi_agent(case.env):
+        # asyncrl's own episode loop, each agent its own "policy" so that act knows its space
+        from asyncrl.multiagent import AgentLayout, play_parallel_episode
         env = case.env()
-        obs, _ = env.reset(seed=seed)
-        returns = {a: 0.0 for a in env.agents}
-        while env.agents:
-            obs, rewards, _, _, _ = env.step({a: policy(obs[a], env.action_space(a), rng)
-                                              for a in env.agents})
-            for a, r in rewards.items():
-                returns[a] += r
-        env.close()
+        agents = AgentLayout(env.possible_agents, list(env.possible_agents), {}, lambda a: a)
+        try:
+            returns = play_parallel_episode(
+                agents, env, lambda a, obs, info, start, state:
+                (policy(obs, env.action_space(a), rng), None), seed, 0)
+        finally:
+            env.close()
         return float(np.mean(list(returns.values())))
     env = case.env() if callable(case.env) else gym.make(case.env)
     obs, _ = env.reset(seed=seed)

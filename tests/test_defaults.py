@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_CPU_DEFAULTS, CONTINUOUS_DEFAULTS,
-                            SEVERAL_AGENTS_CPU_DEFAULTS,
-                            FACTORED_DEFAULTS, TURN_BASED_DEFAULTS, Config, ConfigError,
-                            portable, with_defaults)
+                            FACTORED_DEFAULTS, SEVERAL_AGENTS_CPU_DEFAULTS, TURN_BASED_DEFAULTS,
+                            Config, ConfigError, portable, with_defaults)
 from asyncrl.distributions import LOG_STD_INIT, LOG_STD_INIT_MANY, MANY_ACTUATORS, make_distribution
 from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
