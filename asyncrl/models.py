@@ -272,8 +272,7 @@ class ActorCritic(nn.Module):
     @torch.no_grad()
     def fused_forward(self) -> Callable:
         """An inference-only ``forward`` with the policy and value MLPs of a vector-only model
-        fused into one block-diagonal MLP (half the matmuls, no module calls; a centralised
-        critic's MLP reads the global state beside the actor's observation), the return
+        fused into one block-diagonal MLP (half the matmuls, no module calls), the return
         normaliser's scale folded into the value row and the observation normalisers' division
         into the first layer's columns (each normalised key is centred and clipped to +-clip x
         std: two operations where the normaliser takes five). Rebuild it after the weights or
@@ -284,7 +283,7 @@ class ActorCritic(nn.Module):
             if isinstance(module, (ConvEncoder, RecurrentCore)) and module.bfloat16_on(device):
                 snapshot_bfloat16(module)
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
-                   and self.core is None
+                   and self.core is None and not self.centralized
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)
                    and len(self.pi_net) == len(self.vf_net) and self.act_fn in (nn.Tanh, nn.ReLU))
         if not fusable:
@@ -294,8 +293,7 @@ class ActorCritic(nn.Module):
         critic = [m for m in self.vf_net if isinstance(m, nn.Linear)] + [self.value_head]
         weights, biases = [], []
         for i, (a, c) in enumerate(zip(actor, critic)):
-            shared_input = i == 0 and not self.centralized
-            w = torch.cat([a.weight, c.weight]) if shared_input else torch.block_diag(a.weight, c.weight)
+            w = torch.cat([a.weight, c.weight]) if i == 0 else torch.block_diag(a.weight, c.weight)
             weights.append(w.detach().clone())
             biases.append(torch.cat([a.bias, c.bias]).detach().clone())
         p = self.dist.param_size
@@ -304,12 +302,8 @@ class ActorCritic(nn.Module):
             weights[-1][p] *= scale
             biases[-1][p] = biases[-1][p] * scale + shift
         norms, centred, col = dict(zip(self.norm_keys, self.obs_norm)), {}, 0
-        inputs = [(key, flat_width(space)) for key, space in zip(self.keys, self.spaces)]
-        if self.centralized:  # the critic's columns follow the actor's
-            inputs.append((GLOBAL_STATE, critic[0].in_features))
-            norms[GLOBAL_STATE] = self.state_norm
-        for key, width in inputs:
-            norm = norms.get(key)
+        for key, space in zip(self.keys, self.spaces):
+            width, norm = flat_width(space), norms.get(key)
             if norm is not None:  # (x - mean) / std, clipped: clip(x - mean, +-clip x std) / std
                 std = norm.std().reshape(-1)
                 weights[0][:, col:col + width] /= std
@@ -322,10 +316,8 @@ class ActorCritic(nn.Module):
             return torch.clamp(v - mean, low, high)
 
         def forward(obs: Dict[str, torch.Tensor]):
-            if self.centralized and GLOBAL_STATE not in obs:
-                return self.forward(obs)  # no state: no value (see _values)
             x = self.prepare(obs)
-            feats = [centre(k, x[k]) if k in centred else x[k] for k, _ in inputs]
+            feats = [centre(k, x[k]) if k in centred else x[k] for k in self.keys]
             x = feats[0] if len(feats) == 1 else torch.cat(feats, -1)
             for w, b in zip(weights[:-1], biases[:-1]):
                 x = act(F.linear(x, w, b))

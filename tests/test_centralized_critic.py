@@ -106,29 +106,3 @@ def test_a_centralised_critic_without_agents_or_with_a_custom_network_is_a_clear
 
     with pytest.raises(ConfigError, match="needs the built-in network"):
         APPO(ma_envs.leaving, policy=Net, centralized_critic=True, serial_mode=True, **FAST)
-
-
-def test_the_policy_workers_fused_forward_reads_the_state_with_the_models_normalisers():
-    """The policy workers' inference fuses the actor's MLP and the critic's into one
-    block-diagonal MLP over [own observation, global state] (each normaliser folded into its
-    columns); it must give the model's actions and values, and without a state (predict) the
-    model's own zero values."""
-    from asyncrl import Config
-    from asyncrl.models import ActorCritic, PolicySpec
-    from asyncrl.spaces import EnvSpec
-    spec = EnvSpec(gym.spaces.Box(-1e3, 1e3, (3,), np.float32), gym.spaces.Discrete(4),
-                   global_state_size=5)
-    model = ActorCritic(PolicySpec(spec, None, {}), Config(centralized_critic=True))
-    model.obs_norm[0].update(torch.randn(512, 3) * 20.0 + 7.0)
-    model.state_norm.update(torch.randn(512, 5) * torch.tensor([0.1, 1.0, 10.0, 100.0, 3.0]) - 50.0)
-    model.value_norm.update(torch.randn(256) * 40 - 100)
-    obs = {"obs": torch.randn(32, 3) * 20.0 + 7.0, GLOBAL_STATE: torch.randn(32, 5) * 100.0 - 50.0}
-    fused = model.fused_forward()
-    assert fused != model.forward
-    with torch.no_grad():
-        params, values = model(obs)
-    fused_params, fused_values = fused(obs)
-    assert torch.allclose(fused_params, params, atol=1e-4)
-    assert torch.allclose(fused_values, values, atol=1e-3) and float(values.std()) > 1
-    no_state = fused({"obs": obs["obs"]})
-    assert torch.allclose(no_state[0], params, atol=1e-4) and torch.equal(no_state[1], model({"obs": obs["obs"]})[1])
