@@ -24,8 +24,8 @@ class WithoutState:
     def __init__(self, env):
         self._env = env
 
-    def __getattr__(self, name):
-        if name in ("state", "state_space"):
+    def __getattr__(self, name):  # only for names the wrapper itself lacks
+        if name in ("_env", "state", "state_space"):  # "_env": not yet set (unpickling)
             raise AttributeError(f"{name} hidden")
         return getattr(self._env, name)
 
