@@ -10,12 +10,11 @@ Writes ``results/learning_suite/asyncrl-ccobs_multiwalker_1000000_<seed>.json`` 
 format; the table reads only the defaults' rows, the suite page cites these)."""
 import argparse
 import dataclasses
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from learning_suite import CASES, RESULTS, run_asyncrl  # noqa: E402
+from learning_suite import CASES, run_asyncrl, save_run  # noqa: E402
 
 
 class WithoutState:
@@ -43,8 +42,7 @@ def main() -> None:
     for seed in map(int, args.seeds.split(",")):
         run = dict(run_asyncrl("multiwalker", seed, {"centralized_critic": True}), lib="asyncrl-ccobs",
                    note="env state() hidden: the critic reads the three observations side by side")
-        with open(os.path.join(RESULTS, f"asyncrl-ccobs_multiwalker_{run['steps']}_{seed}.json"), "w") as f:
-            json.dump(run, f, default=str)
+        save_run(run)
         print(f"seed {seed}: greedy {run['greedy_mean']:.1f}, training return {run['curve'][-1][2]:.1f}, "
               f"{run['wall']:.0f} s", flush=True)
 

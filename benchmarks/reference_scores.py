@@ -31,7 +31,7 @@ def keep_still(obs, space: gym.Space, rng: np.random.Generator):
     if isinstance(space, gym.spaces.Box):
         return np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
-        return np.array(space.start).copy() if space.shape else int(space.start)
+        return np.array(space.start) if space.shape else int(space.start)
     raise ValueError(f"keeping still is not defined for {space}: write a scripted policy instead")
 
 
