@@ -21,7 +21,6 @@ from .callbacks import SB3_TICK, ProgressBar, SB3CallbackDriver, chain
 from .acting import as_numpy, play_episode, predict_mask, predict_state, stack_actions
 from .config import (DEVICES_HINT, MACHINE_FIELDS, MUTABLE_HPARAMS, Config, ConfigError,
                      ConfigKwargs, Settings, portable, schedule_value, valid_device)
-from .distributions import make_distribution
 from .env_utils import eval_env_factory, make_env_factory, probe_env
 from .fileio import PolicyFiles, atomic_torch_save, make_scratch_dir
 from .logger import TrainLogger
@@ -135,10 +134,13 @@ class APPO:
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
         # an id's family; a loaded model's factory made from an id (GymIdFactory) keeps the id
         family = env_family(getattr(self.env_factory, "env_id", env))
-        defaults = run_defaults(family, cpu_only, multi_agent=self.agents is not None,
-                                turn_based=env_spec.turn_based)
+        # a policy= network anywhere in the run: no centralised critic by default (its value
+        # head is the network's own; frozen policies are built with the run's config)
+        custom = policy is not None or any(o.get("policy") is not None for _, o in
+                                           [*trained.values(), *probed.frozen.values()])
+        defaults = run_defaults(family, cpu_only, self.agents is not None, custom)
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
-        cfg = Config.from_kwargs(defaults(kwargs, make_distribution(self.action_space).kind))
+        cfg = Config.from_kwargs(defaults(kwargs, env_spec))
         if cfg.seed is None:
             cfg = cfg.replace(seed=random.randrange(2 ** 31))
         self.settings = Settings(cfg, schedules, set_by_caller)  # the run's: attributes and config

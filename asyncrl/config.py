@@ -200,8 +200,13 @@ class Config:
     centralized_critic: bool = _f(
         False, "Multi-agent envs: the value head sees the global state (the env's state() where "
         "it declares a state_space, else every agent's observation side by side, absent agents "
-        "zeroed) through its own MLP, while the actor sees only its agent's observation (MAPPO's "
-        "centralised critic; predict needs nothing more). Per trained policy, as an override.")
+        "zeroed) beside the agent's own features (whose value it is: agents sharing a policy may "
+        "be rewarded apart) through its own MLP, while the actor sees only its agent's "
+        "observation (MAPPO's centralised critic; predict needs nothing more). Per trained "
+        "policy, as an override. Implied (SEVERAL_AGENTS_CRITIC_DEFAULTS) for a trained policy "
+        "with discrete actions among several agents acting at once (a ParallelEnv) whose state is "
+        "a vector of at most 4,096 floats, with no image observations, no use_rnn and the "
+        "built-in network.")
     rnn_type: str = _f("gru", 'The recurrent core: "gru" or "lstm" (stores 2 x rnn_size per env).')
     rnn_size: int = _f(128, "Hidden units of the recurrent core.")
     # On for every env (it was for continuous actions only), measured in the learning suite
@@ -686,6 +691,21 @@ ACTION_DEFAULTS = {"categorical": {}, "continuous": CONTINUOUS_DEFAULTS,
 # fours (docs/guides/multi-agent.md, "Turn-based games").
 TURN_BASED_DEFAULTS = dict(ent_coef=0.1)
 
+# Several agents acting at once whose global state is a vector (spaces.EnvSpec.critic_state), a
+# policy with discrete actions: MAPPO's centralised critic, reading the state beside the agent's own
+# features. 1M agent steps, greedy medians against independent critics: MPE2 simple_spread (one
+# shared policy, seeds 0-6) -18.1 against -19.7 (rank-sum p = 0.05; the target -20 in 7 of 7 at
+# 28-43 s against 23-103 s), simple_reference (seeds 0-2) -18.1 against -19.5 (at 5M, seed 0: -13.6,
+# it talks, against -17.5), six agents (2M) -33.9 against -33.4; speaker-listener (two policies)
+# -13.2 / -8.6 / -8.6 against -12.1 / -16.1 / -14.0; at 0.85-0.95 of the agent steps a second (six
+# agents: 0.6-0.8). Continuous actions keep independent critics: on multiwalker (four dimensions an
+# agent) the critic's training return passed 0 in 1 seed of 3 (independent: 3 of 3, in 26-39 s) and
+# one seed collapsed (greedy -79.0); on continuous simple_spread it was level. Not measured:
+# factored actions, turn-based games, recurrent cores (docs/benchmarks/learning-suite.md, "The
+# centralised critic for several agents with discrete actions").
+SEVERAL_AGENTS_CRITIC_DEFAULTS = dict(centralized_critic=True)
+CRITIC_ACTIONS = ("categorical",)  # ActionDistribution.kind of the policies it is implied for
+
 
 # With a GPU to learn on, the CPU cores are left to sampling: one rollout worker per core but two
 # (the policy worker's and the learner's processes drive the GPU), and envs per worker (at most
@@ -730,7 +750,8 @@ def _positive_ints(values: list) -> bool:
 
 def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = False,
                   cores: Optional[int] = None, actions: str = "categorical",
-                  multi_agent: bool = False, turn_based: bool = False) -> dict:
+                  multi_agent: bool = False, turn_based: bool = False,
+                  critic_state: bool = False) -> dict:
     """The caller's keywords, over the values that the env ``family`` (``envs.env_family``) and the
     algorithm variant imply: a family gets FAMILY_DEFAULTS[family], "doom" DOOM_DEFAULTS; Atari
     gets ATARI_DEFAULTS, and unless the caller chose another ``algo`` (or set ``batch_size``
@@ -741,7 +762,9 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
     without a family, the kind of ``actions`` (``ActionDistribution.kind``) gets its
     ACTION_DEFAULTS, and a ``turn_based`` game TURN_BASED_DEFAULTS over them; "continuous_many"
     CONTINUOUS_CPU_DEFAULTS when ``cpu_only``, not ``turn_based``, and the caller set no batch_size
-    (``multi_agent``: with SEVERAL_AGENTS_CPU_DEFAULTS);
+    (``multi_agent``: with SEVERAL_AGENTS_CPU_DEFAULTS); a ``critic_state`` (several agents whose
+    global state a centralised critic reads: spaces.EnvSpec.critic_state) with actions of a kind
+    in CRITIC_ACTIONS and no use_rnn SEVERAL_AGENTS_CRITIC_DEFAULTS;
     IMPALA trains one epoch per batch; synchronous PPO's batch is one rollout of every env; a
     ``multi_agent`` env's batch (or any with ``lanes_per_env`` > 1) is rounded to a multiple of
     its slot. What the caller sets always wins."""
@@ -758,6 +781,8 @@ def with_defaults(kwargs: dict, family: Optional[str] = None, cpu_only: bool = F
         preset.update(CONTINUOUS_CPU_DEFAULTS)
         if multi_agent:
             preset.update(SEVERAL_AGENTS_CPU_DEFAULTS)
+    if not family and critic_state and actions in CRITIC_ACTIONS and not kwargs.get("use_rnn"):
+        preset.update(SEVERAL_AGENTS_CRITIC_DEFAULTS)
     # a synchronous batch is one rollout of every env: a caller's batch_size without an algo
     # samples asynchronously instead, as with CONTINUOUS_CPU_DEFAULTS above
     sync_atari = atari and kwargs.get("algo", "appo" if "batch_size" in kwargs else "ppo") == "ppo"

@@ -120,7 +120,7 @@ class ActorCritic(nn.Module):
             is_grid(s) and getattr(e, "learns_features", True)
             for s, e in zip(self.spaces, self.encoders))
         pi_arch, vf_arch = parse_net_arch(kw.get("net_arch", [] if encoded else list(cfg.hidden_sizes)))
-        vf_in = env.global_state_size if self.centralized else features
+        vf_in = env.global_state_size + features if self.centralized else features
         self.pi_net, self.vf_net = mlp(features, pi_arch, act, ortho), mlp(vf_in, vf_arch, act, ortho)
         self.action_head = init_layer(nn.Linear(pi_arch[-1] if pi_arch else features, self.dist.param_size),
                                   cfg.policy_head_gain, ortho)
@@ -207,14 +207,16 @@ class ActorCritic(nn.Module):
 
     def _values(self, pi_feat: torch.Tensor, x: Dict[str, torch.Tensor]) -> torch.Tensor:
         """The value head's output [N] (normalised scale) on the actor's features, its own
-        encoders' or, for a centralised critic, the global state: zeros without it (``predict``
-        and exported actors, which need no value)."""
+        encoders' or, for a centralised critic, the global state beside the actor's features
+        (which agent's value: agents sharing a policy may be rewarded apart): zeros without the
+        state (``predict`` and exported actors, which need no value)."""
         if not self.centralized:
             vf_feat = pi_feat if self.vf_encoders is None else self._features(self.vf_encoders, x)
         elif GLOBAL_STATE not in x:
             return pi_feat.new_zeros(pi_feat.shape[0])
         else:
-            vf_feat = x[GLOBAL_STATE] if self.state_norm is None else self.state_norm(x[GLOBAL_STATE])
+            state = x[GLOBAL_STATE] if self.state_norm is None else self.state_norm(x[GLOBAL_STATE])
+            vf_feat = torch.cat([state, pi_feat], -1)  # whose value: the agent's own features
         return self.value_head(self.vf_net(vf_feat)).squeeze(-1)
 
     def _features(self, encoders: nn.Module, x: Dict[str, torch.Tensor]) -> torch.Tensor:

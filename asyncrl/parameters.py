@@ -185,5 +185,13 @@ def _check_state_dict(model: torch.nn.Module, state: dict, exact_match: bool) ->
     if wrong:
         problems.append("shape mismatch: " + "; ".join(wrong))
     if problems:
+        named = [*(missing if exact_match else []), *unexpected, *wrong]
+        critic = any(k.startswith(("vf_net.", "state_norm.")) for k in named)
+        hint = ("; the value heads differ: parameters of a model with the other "
+                "centralized_critic setting (the default for several agents with discrete actions "
+                "since 2026-12-07) fit with centralized_critic= as that model had it; a "
+                "centralised critic saved before that date read the global state alone and does "
+                "not fit") if critic else ""
         raise ValueError("parameters do not fit this model (" + ", ".join(problems) + "); "
-                         "they must come from a model with the same env spaces and hidden_sizes")
+                         "they must come from a model with the same env spaces and hidden_sizes"
+                         + hint)

@@ -149,6 +149,10 @@ def get_path(obs: Any, path: tuple) -> Any:
     return obs
 
 
+# The largest global state (floats) a centralised critic reads by default: an MLP's input
+CRITIC_STATE_MAX = 4096
+
+
 class EnvSpec:
     """The env's spaces as the engine uses them. ``leaves``: {key: (path, space)} of the model's
     inputs; ``mask_source``: None, "obs", "method" or "info"; ``mask_size``: entries of a mask;
@@ -174,6 +178,14 @@ class EnvSpec:
         self.leaves = leaves
         self.bare = list(leaves) == ["obs"] and not isinstance(
             observation_space, (gym.spaces.Dict, gym.spaces.Tuple))
+
+    @property
+    def critic_state(self) -> bool:
+        """A centralised critic fits by default: several agents acting at once (not turn-based)
+        whose global state is a vector of at most CRITIC_STATE_MAX floats, and no image among
+        the observations (config.SEVERAL_AGENTS_CRITIC_DEFAULTS)."""
+        return (not self.turn_based and 0 < self.global_state_size <= CRITIC_STATE_MAX
+                and not any(is_grid(space) for _, space in self.leaves.values()))
 
     def obs_entries(self, global_state: bool = False) -> Dict[str, Entry]:
         """The observed part of the buffer spec: one entry per leaf, the mask, and the global

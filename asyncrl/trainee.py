@@ -93,20 +93,19 @@ def own_settings(pid: str, overrides: dict, policy: Any, policy_kwargs: Optional
 
 def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict, run: Settings,
                   lanes: int, policy: Any, policy_kwargs: Optional[dict],
-                  defaults: Callable[[dict, str], dict], files: PolicyFiles) -> Trainee:
+                  defaults: Callable[[dict, EnvSpec], dict], files: PolicyFiles) -> Trainee:
     """A trained policy beside others: its config from the run's keywords, the defaults its
-    own action space implies (a continuous policy beside a discrete one: CONTINUOUS_DEFAULTS),
-    its own values and its lanes (``defaults(kwargs, actions)``: the run's
-    ``with_defaults``), the run's GRAPH_FIELDS kept; checked. Hyper-parameters its action
-    space implies (and the user did not set for the run) become its own."""
+    own spaces imply (a continuous policy beside a discrete one: CONTINUOUS_DEFAULTS),
+    its own values and its lanes (``defaults(kwargs, env_spec)``: the run's
+    ``with_defaults``), the run's GRAPH_FIELDS kept; checked. Hyper-parameters its spaces
+    imply (and the user did not set for the run) become its own."""
     policy, policy_kwargs, own = own_settings(pid, overrides, policy, policy_kwargs)
     values = {k: (schedule_value(k, v, 1.0) if k in MUTABLE_HPARAMS else v) for k, v in own.items()}
-    actions = make_distribution(env_spec.action_space).kind
     run_cfg = run.config
     graph = {f: getattr(run_cfg, f) for f in GRAPH_FIELDS}
     try:
         cfg = Config.from_kwargs(defaults({**run_kwargs, **values, "lanes_per_env": lanes, **graph},
-                                          actions))
+                                          env_spec))
     except ConfigError as e:
         raise ConfigError(f"policies[{pid!r}]: {e}") from e
     fields = {k: v for k, v in cfg.__dict__.items() if run_cfg.__dict__[k] != v}
@@ -119,7 +118,7 @@ def build_trainee(pid: str, env_spec: EnvSpec, overrides: dict, run_kwargs: dict
 
 def build_policies(trained: dict, frozen: dict, run: Settings, files: Dict[str, PolicyFiles],
                    lanes: Dict[str, int], policy: Any, policy_kwargs: Optional[dict], run_kwargs: dict,
-                   defaults: Callable[[dict, str], dict]) -> tuple:
+                   defaults: Callable[[dict, EnvSpec], dict]) -> tuple:
     """The model's policies, from ``trained`` and ``frozen`` ({id: (env spec, overrides)}):
     ({id: Trainee}, {frozen id: PolicySpec}, {frozen id: model}). One trained policy's settings
     are the run's; several each have theirs over the run's (``build_trainee``). A frozen policy
@@ -140,11 +139,13 @@ def build_policies(trained: dict, frozen: dict, run: Settings, files: Dict[str, 
     return trainees, frozen_specs, {pid: build_checked(spec, run.config) for pid, spec in frozen_specs.items()}
 
 
-def run_defaults(family: Optional[str], cpu_only: bool,
-                 multi_agent: bool, turn_based: bool) -> Callable[[dict, str], dict]:
-    """kwargs, the action space's kind (ActionDistribution.kind) -> the keywords over the run's
-    implied defaults (config.with_defaults)."""
-    return lambda kwargs, actions: with_defaults(kwargs, family=family, cpu_only=cpu_only,
-                                                 actions=actions, multi_agent=multi_agent,
-                                                 turn_based=turn_based)
+def run_defaults(family: Optional[str], cpu_only: bool, multi_agent: bool,
+                 custom: bool) -> Callable[[dict, EnvSpec], dict]:
+    """kwargs, a trained policy's env spec -> the keywords over the run's implied defaults
+    (config.with_defaults: its action space's kind, a turn-based game, a global state a
+    centralised critic can read, unless ``custom``: a policy= network in the run)."""
+    return lambda kwargs, spec: with_defaults(
+        kwargs, family=family, cpu_only=cpu_only, actions=make_distribution(spec.action_space).kind,
+        multi_agent=multi_agent, turn_based=spec.turn_based,
+        critic_state=spec.critic_state and not custom)
 

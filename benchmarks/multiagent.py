@@ -161,15 +161,18 @@ def teams(steps: int) -> list:
     return runs + tag(steps // 2)
 
 
+# independent critics, as these variants had before the centralised critic became the default for
+# discrete actions (2026-12-07)
+INDEPENDENT = {"centralized_critic": False}
 SPEAKER_VARIANTS = {
     "both trained, centralised critic": {"speaker": {"centralized_critic": True},
                                          "listener": {"centralized_critic": True}},
-    "both trained, independent": {"speaker": None, "listener": None},
-    "mute speaker, listener trained": {"speaker": mute_speaker, "listener": None},
-    "oracle speaker, listener trained": {"speaker": oracle_speaker, "listener": None}}
+    "both trained, independent": {"speaker": INDEPENDENT, "listener": INDEPENDENT},
+    "mute speaker, listener trained": {"speaker": mute_speaker, "listener": INDEPENDENT},
+    "oracle speaker, listener trained": {"speaker": oracle_speaker, "listener": INDEPENDENT}}
 
 
-SPREAD_VARIANTS = {"centralised critic": {"centralized_critic": True}, "independent": {}}
+SPREAD_VARIANTS = {"centralised critic": {"centralized_critic": True}, "independent": INDEPENDENT}
 
 
 def critic(steps: int, spread_steps: int, seeds: range, envs: list, variants: list,

@@ -1,6 +1,8 @@
 """A centralised critic (``centralized_critic=True``): the value head reads the env's global state
-(its state() where declared, else every agent's observation side by side, absent agents zeroed),
-the actor its own observation; one more buffer-spec entry, filled by the rollout workers."""
+(its state() where declared, else every agent's observation side by side, absent agents zeroed)
+beside the actor's features, the actor its own observation; one more buffer-spec entry, filled by
+the rollout workers. The default for several agents acting at once with discrete actions and a
+vector state."""
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -8,10 +10,22 @@ import torch
 
 import ma_envs
 from asyncrl import APPO, ConfigError
+from asyncrl.config import SEVERAL_AGENTS_CRITIC_DEFAULTS, with_defaults
 from asyncrl.multiagent import global_state, global_state_space
-from asyncrl.spaces import GLOBAL_STATE
+from asyncrl.spaces import CRITIC_STATE_MAX, GLOBAL_STATE, EnvSpec
 from asyncrl.turns import TurnBasedEnv
 from test_multiagent import FAST, batches  # noqa: F401 (a fixture)
+
+
+class Net(torch.nn.Module):
+    """A whole custom network (policy=) for Leaving's Box(2) observations."""
+
+    def __init__(self, observation_space, action_space, param_size):
+        super().__init__()
+        self.pi, self.v = torch.nn.Linear(2, param_size), torch.nn.Linear(2, 1)
+
+    def forward(self, obs):
+        return self.pi(obs), self.v(obs).squeeze(-1)
 
 
 class WithState(ma_envs.Cues):
@@ -47,7 +61,8 @@ def test_the_global_state_is_the_envs_state_where_declared_else_every_observatio
 @pytest.mark.timeout(60)
 def test_the_critic_reads_the_global_state_of_every_lane_and_the_actor_does_not(batches):
     with APPO(ma_envs.leaving, centralized_critic=True, serial_mode=True, **FAST) as model:
-        assert model.policy.vf_net[0].in_features == 6 and model.policy.pi_net[0].in_features == 2
+        # the state (6) beside the agent's own features (2: whose value it is)
+        assert model.policy.vf_net[0].in_features == 8 and model.policy.pi_net[0].in_features == 2
         model.train(2_000)
         obs = np.array([1.0, 0.0], np.float32)
         assert model.predict(obs, deterministic=True)[0] in (0, 1)  # no global state needed
@@ -69,9 +84,10 @@ def test_the_critic_reads_the_global_state_of_every_lane_and_the_actor_does_not(
 
 @pytest.mark.timeout(60)
 def test_a_policy_with_a_centralised_critic_beside_one_without_learns():
-    with APPO(with_state, policies={"small": {"centralized_critic": True}, "big": None},
+    with APPO(with_state, policies={"small": None, "big": {"centralized_critic": False}},
               policy_mapping=lambda agent: agent, serial_mode=True, **FAST) as model:
-        assert model.trainees["small"].model.vf_net[0].in_features == 6
+        assert model.trainees["small"].config.centralized_critic  # the default (discrete actions)
+        assert model.trainees["small"].model.vf_net[0].in_features == 6 + 2
         assert model.trainees["big"].model.vf_net[0].in_features == 4
         model.train(8_000)
         assert model.evaluate(10, seed=0, policy_id="small")[0] > 3.5
@@ -85,7 +101,8 @@ def test_with_a_recurrent_core_masks_and_turns_and_across_save_and_load(tmp_path
         model.save(tmp_path / "cc.zip")
     loaded = APPO.load(tmp_path / "cc.zip")
     try:
-        assert loaded.config.centralized_critic and loaded.policy.vf_net[0].in_features == 14
+        # the state (14) beside the recurrent core's output, the actor's features
+        assert loaded.config.centralized_critic and loaded.policy.vf_net[0].in_features == 14 + 128
         loaded.train(500)
     finally:
         loaded.close()
@@ -95,14 +112,52 @@ def test_with_a_recurrent_core_masks_and_turns_and_across_save_and_load(tmp_path
 def test_a_centralised_critic_without_agents_or_with_a_custom_network_is_a_clear_error():
     with pytest.raises(ConfigError, match="centralized_critic=True applies to multi-agent envs"):
         APPO("CartPole-v1", centralized_critic=True, serial_mode=True)
-
-    class Net(torch.nn.Module):
-        def __init__(self, observation_space, action_space, param_size):
-            super().__init__()
-            self.pi, self.v = torch.nn.Linear(2, param_size), torch.nn.Linear(2, 1)
-
-        def forward(self, obs):
-            return self.pi(obs), self.v(obs).squeeze(-1)
-
     with pytest.raises(ConfigError, match="needs the built-in network"):
         APPO(ma_envs.leaving, policy=Net, centralized_critic=True, serial_mode=True, **FAST)
+
+
+def test_a_global_state_the_critic_reads_by_default_follows_from_the_spaces():
+    def spec(obs=gym.spaces.Box(0.0, 1.0, (2,), np.float32), **kw):
+        return EnvSpec(obs, gym.spaces.Discrete(2), **kw)
+
+    assert spec(global_state_size=6).critic_state
+    assert not spec().critic_state  # one agent: no global state
+    assert not spec(global_state_size=6, turn_based=True).critic_state
+    assert spec(global_state_size=CRITIC_STATE_MAX).critic_state
+    assert not spec(global_state_size=CRITIC_STATE_MAX + 1).critic_state
+    assert not spec(gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), global_state_size=294).critic_state
+    critic = SEVERAL_AGENTS_CRITIC_DEFAULTS
+    assert with_defaults({}, critic_state=True) == critic == {"centralized_critic": True}
+    # the caller wins; a recurrent core, continuous actions and a family's preset go without
+    assert with_defaults({"centralized_critic": False}, critic_state=True) == {
+        "centralized_critic": False}
+    assert "centralized_critic" not in with_defaults({"use_rnn": True}, critic_state=True)
+    for kind in ("continuous", "continuous_many", "factored"):
+        assert "centralized_critic" not in with_defaults({}, actions=kind, critic_state=True)
+    assert "centralized_critic" not in with_defaults({}, family="doom", critic_state=True)
+
+
+@pytest.mark.timeout(60)
+def test_several_agents_with_discrete_actions_get_the_critic_unless_a_custom_network_or_turns(tmp_path):
+    with APPO(ma_envs.leaving, serial_mode=True, **FAST) as model:
+        assert model.config.centralized_critic and model.policy.vf_net[0].in_features == 8
+    with APPO(ma_envs.leaving, policy=Net, serial_mode=True, **FAST) as model:
+        assert not model.config.centralized_critic  # the network's own value head
+    with APPO(ma_envs.leaving, centralized_critic=False, serial_mode=True, **FAST) as model:
+        assert model.policy.vf_net[0].in_features == 2
+        model.save(tmp_path / "independent.zip")
+        independent = model.get_parameters()
+    with APPO(ma_envs.leaving, serial_mode=True, **FAST) as model:  # says which setting to give
+        with pytest.raises(ValueError, match="centralized_critic= as that model had it"):
+            model.set_parameters(independent)
+    loaded = APPO.load(tmp_path / "independent.zip")  # a saved choice stays
+    try:
+        assert not loaded.config.centralized_critic and loaded.policy.vf_net[0].in_features == 2
+    finally:
+        loaded.close()
+    with APPO(ma_envs.signal, serial_mode=True, **FAST) as model:  # turns: not measured
+        assert not model.config.centralized_critic
+    with APPO(ma_envs.mixed, policies={"disc": None, "cont": None}, policy_mapping=lambda a: a,
+              serial_mode=True, **FAST) as model:  # per trained policy, from its actions
+        assert model.trainees["disc"].config.centralized_critic
+        assert not model.trainees["cont"].config.centralized_critic

@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from asyncrl.config import (ACTION_DEFAULTS, CONTINUOUS_CPU_DEFAULTS, CONTINUOUS_DEFAULTS,
-                            FACTORED_DEFAULTS, SEVERAL_AGENTS_CPU_DEFAULTS, TURN_BASED_DEFAULTS,
-                            Config, ConfigError, portable, with_defaults)
+                            FACTORED_DEFAULTS, SEVERAL_AGENTS_CPU_DEFAULTS,
+                            SEVERAL_AGENTS_CRITIC_DEFAULTS, TURN_BASED_DEFAULTS, Config,
+                            ConfigError, portable, with_defaults)
 from asyncrl.distributions import LOG_STD_INIT, LOG_STD_INIT_MANY, MANY_ACTUATORS, make_distribution
 from asyncrl.encoders import SmallCNN, SmallFlat, image_encoder
 from asyncrl.models import ActorCritic
+from asyncrl.spaces import CRITIC_STATE_MAX
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -218,6 +220,10 @@ def test_readme_table_of_implied_defaults_matches_the_code():
              f"`Discrete`s) | `{key}` | `{value!r}` |" for key, value in FACTORED_DEFAULTS.items()]
     rows += [f"| a turn-based game (a PettingZoo `AECEnv`; over the action space's row) | `{key}` | "
              f"`{value!r}` |" for key, value in TURN_BASED_DEFAULTS.items()]
+    rows += [f"| several agents acting at once (a PettingZoo `ParallelEnv`), a trained policy with "
+             f"discrete actions (`Discrete`), a global state of at most {CRITIC_STATE_MAX:,} floats, "
+             f"no image observations, no `use_rnn`, the built-in network | `{key}` | `{value!r}` |"
+             for key, value in SEVERAL_AGENTS_CRITIC_DEFAULTS.items()]
     missing = [row for row in rows if row not in CONFIG_DOC]
     assert not missing, f"docs/configuration.md's implied-defaults table lacks or misstates: {missing}"
 
