@@ -695,14 +695,14 @@ TURN_BASED_DEFAULTS = dict(ent_coef=0.1)
 # policy with discrete actions: MAPPO's centralised critic, reading the state beside the agent's own
 # features. 1M agent steps, greedy medians against independent critics: MPE2 simple_spread (one
 # shared policy, seeds 0-6) -18.1 against -19.7 (rank-sum p = 0.05; the target -20 in 7 of 7 at
-# 28-43 s against 23-103 s), simple_reference (seeds 0-2) -18.1 against -19.5 (at 5M, seed 0: -13.6,
-# it talks, against -17.5), six agents (2M) -33.9 against -33.4; speaker-listener (two policies)
-# -13.2 / -8.6 / -8.6 against -12.1 / -16.1 / -14.0; at 0.85-0.95 of the agent steps a second (six
-# agents: 0.6-0.8). Continuous actions keep independent critics: on multiwalker (four dimensions an
-# agent) the critic's training return passed 0 in 1 seed of 3 (independent: 3 of 3, in 26-39 s) and
-# one seed collapsed (greedy -79.0); on continuous simple_spread it was level. Not measured:
-# factored actions, turn-based games, recurrent cores (docs/benchmarks/learning-suite.md, "The
-# centralised critic for several agents with discrete actions").
+# 28-43 s against 23-103 s), simple_reference (seeds 0-2) -18.1 against -19.5 (at 5M, seeds 0-1:
+# -13.6 and -14.8, they talk, against -17.5), six agents (2M) -33.9 against -33.4; speaker-listener
+# (two policies) -13.2 / -8.6 / -8.6 against -12.1 / -16.1 / -14.0; at 0.85-0.95 of the agent steps
+# a second (six agents: 0.6-0.8). Continuous actions keep independent critics: on multiwalker (four
+# dimensions an agent) the critic's training return passed 0 in 1 seed of 3 (independent: 3 of 3, in
+# 26-39 s) and one seed collapsed (greedy -79.0); on continuous simple_spread it was level. Not
+# measured: factored actions, turn-based games, recurrent cores (docs/benchmarks/learning-suite.md,
+# "The centralised critic for several agents with discrete actions").
 SEVERAL_AGENTS_CRITIC_DEFAULTS = dict(centralized_critic=True)
 CRITIC_ACTIONS = ("categorical",)  # ActionDistribution.kind of the policies it is implied for
 
