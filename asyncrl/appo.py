@@ -134,19 +134,20 @@ class APPO:
         cpu_only = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
         # an id's family; a loaded model's factory made from an id (GymIdFactory) keeps the id
         family = env_family(getattr(self.env_factory, "env_id", env))
-        # a policy= network anywhere in the run: no centralised critic by default (its value
-        # head is the network's own; frozen policies are built with the run's config)
-        custom = policy is not None or any(o.get("policy") is not None for _, o in
-                                           [*trained.values(), *probed.frozen.values()])
-        defaults = run_defaults(family, cpu_only, self.agents is not None, custom)
+        classes = [c for c in (policy, *(o.get("policy") for _, o in [*trained.values(),
+                                                                         *probed.frozen.values()]))
+                   if c is not None]  # policy= networks anywhere in the run
+        # with one, no centralised critic by default (its value head is the network's own;
+        # frozen policies are built with the run's config)
+        defaults = run_defaults(family, cpu_only, self.agents is not None, bool(classes))
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
         cfg = Config.from_kwargs(defaults(kwargs, env_spec))
         if cfg.seed is None:
             cfg = cfg.replace(seed=random.randrange(2 ** 31))
         self.settings = Settings(cfg, schedules, set_by_caller)  # the run's: attributes and config
         self.device = resolve_device(cfg.device)
-        for cls in (policy, *(o.get("policy") for _, o in [*trained.values(), *probed.frozen.values()])):
-            if cls is not None and not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        for cls in classes:
+            if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
                 raise ConfigError(f"policy={cls!r}: expected an nn.Module class (see asyncrl.models)")
         self._tmpdir = make_scratch_dir()  # a folder per trained policy; removed with the model
         self._finalizer = self._removes_scratch()

@@ -27,6 +27,9 @@ ENGINE_SET = ("lanes_per_env",)  # fields the engine derives from the env: no co
 GRAPH_FIELDS = ("num_workers", "num_envs_per_worker", "rollout", "sampler_nice", "device",
                 "serial_mode", "seed", "verbose", "log_interval", "tensorboard_log", "stats_window",
                 "worker_timeout", "on_env_error", "max_env_restarts", "max_worker_restarts")
+# The largest global state (floats) a centralised critic reads by default (an MLP's input;
+# spaces.EnvSpec.critic_state, SEVERAL_AGENTS_CRITIC_DEFAULTS)
+CRITIC_STATE_MAX = 4096
 DEVICES_HINT = '"cpu", "cuda", "cuda:N" or "auto"'
 
 
@@ -205,8 +208,8 @@ class Config:
         "observation (MAPPO's centralised critic; predict needs nothing more). Per trained "
         "policy, as an override. Implied (SEVERAL_AGENTS_CRITIC_DEFAULTS) for a trained policy "
         "with discrete actions among several agents acting at once (a ParallelEnv) whose state is "
-        "a vector of at most 4,096 floats, with no image observations, no use_rnn and the "
-        "built-in network.")
+        f"a vector of at most {CRITIC_STATE_MAX:,} floats, with no image observations, no use_rnn "
+        "and the built-in network.")
     rnn_type: str = _f("gru", 'The recurrent core: "gru" or "lstm" (stores 2 x rnn_size per env).')
     rnn_size: int = _f(128, "Hidden units of the recurrent core.")
     # On for every env (it was for continuous actions only), measured in the learning suite

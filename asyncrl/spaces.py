@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from .config import ConfigError
+from .config import CRITIC_STATE_MAX, ConfigError
 
 MASK_KEY = "action_mask"
 UNSUPPORTED_HINTS = {
@@ -147,10 +147,6 @@ def get_path(obs: Any, path: tuple) -> Any:
     for p in path:
         obs = obs[p]
     return obs
-
-
-# The largest global state (floats) a centralised critic reads by default: an MLP's input
-CRITIC_STATE_MAX = 4096
 
 
 class EnvSpec:
