@@ -16,8 +16,11 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .spaces import EnvSpec, channel_last, is_board, is_grid, is_image, scaled_uint8
+from .spaces import (TEXT_BUCKETS, EnvSpec, channel_last, is_board, is_grid, is_image, is_text,
+                     scaled_uint8, text_tokens)
 
+TEXT_EMBEDDING = 16   # a text leaf's features per word (TextEncoder) ...
+TEXT_FEATURES = 64    # ... and of the whole text, the GRU's width
 NATURE_MIN_SIZE = 36  # the convolution stacks' smallest input; smaller images: Config.small_images
 NORM_CLIP = 10.0      # normalised observations are clipped to +-this (CleanRL's continuous PPO)
 # Where returns are negative, the value head's untrained output is a value this many stds of the
@@ -481,6 +484,50 @@ def image_encoder(space: gym.spaces.Box, cnn: str, ortho: bool, small_images: st
     return ConvEncoder(chw, hwc, ortho, cnn, precision)
 
 
+class TextEncoder(nn.Module):
+    """A text leaf's word ids (spaces.encode_text) -> BabyAI's reading of an instruction: a learned
+    embedding of each word, a GRU over the words in order, its output after the last word
+    ([N, TEXT_FEATURES]; zeros for an empty text). The GRU reads each different text of a batch
+    once, up to the longest (the padding after a text does not change its output), and every
+    row over every position when traced for export. On MiniGrid's GoToDoor-5x5 and Fetch-5x5-N2 (500k env steps, greedy medians of
+    6 runs, seeds 0-2 twice): 0.73 and 0.82, one GoToDoor run stalled at 0.20, the score
+    without the mission; the embeddings of every position side by side into the MLP (3 runs)
+    0.76 and 0.39, a convolution over three words with each channel's largest output (3 runs)
+    0.80 and 0.68: Fetch's five phrasings move the words that name the object, which the GRU
+    reads wherever they stand (docs/benchmarks/learning-suite.md, "Text observations")."""
+    learns_features = False  # an MLP follows
+
+    def __init__(self, tokens: int):
+        super().__init__()
+        self.embedding = nn.Embedding(TEXT_BUCKETS + 1, TEXT_EMBEDDING, padding_idx=0)
+        self.gru = nn.GRU(TEXT_EMBEDDING, TEXT_FEATURES, batch_first=True)
+        self.out_size = TEXT_FEATURES
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.long()
+        if torch.jit.is_tracing() or torch.compiler.is_compiling() or not ids.shape[0]:
+            return self._read(ids)  # every position: an exported graph takes any text
+        # a batch holds few texts (a mission stays for its episode): each read once, up to the
+        # longest
+        texts, which = torch.unique(ids, dim=0, return_inverse=True)
+        longest = max(int((texts > 0).sum(1).max()), 1)
+        return self._read(texts[:, :longest])[which]
+
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        lengths = (ids > 0).sum(1)
+        out, _ = self.gru(self.embedding(ids))
+        last = out.gather(1, (lengths - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, out.shape[-1]))
+        return last.squeeze(1) * (lengths > 0).unsqueeze(-1).to(out.dtype)
+
+
+def leaf_encoder(space: gym.Space, cfg, ortho: bool) -> nn.Module:
+    """The built-in model's encoder of one observation leaf: image_encoder for an image or board,
+    a TextEncoder for text, else nn.Flatten (preprocess_leaf's vector as it is)."""
+    if is_grid(space):
+        return image_encoder(space, cfg.cnn, ortho, cfg.small_images, cfg.cnn_precision)
+    return TextEncoder(text_tokens(space)) if is_text(space) else nn.Flatten()
+
+
 def flat_width(space: gym.Space) -> int:
     """Width of a non-image leaf as ``preprocess_leaf`` makes it: the one-hot size of
     Discrete/MultiDiscrete, else its elements."""
@@ -494,8 +541,11 @@ def flat_width(space: gym.Space) -> int:
 def preprocess_leaf(space: gym.Space, x: torch.Tensor, sb3: bool) -> torch.Tensor:
     """A stored leaf as a network input (float): Discrete/MultiDiscrete one-hot (the per-dimension
     one-hots concatenated), the rest flattened to [N, -1] except images; uint8 over 0..255
-    scaled to [0, 1] (SB3's convention, ``sb3``: images only, [C, H, W])."""
+    scaled to [0, 1] (SB3's convention, ``sb3``: images only, [C, H, W]). A text's word ids stay
+    int64 (floats for SB3-style code)."""
     n = x.shape[0]
+    if is_text(space):  # TextEncoder's input
+        return x.float() if sb3 else x
     if isinstance(space, gym.spaces.Discrete):
         return F.one_hot(x.long(), int(space.n)).float()
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -516,7 +566,10 @@ def normalized_keys(spec: EnvSpec) -> List[str]:
 
 
 def sb3_space(space: gym.Space) -> gym.Space:
-    """The space as SB3's policies see it: channel-last images transposed (VecTransposeImage)."""
+    """The space as SB3's policies see it: channel-last images transposed (VecTransposeImage),
+    text as the Box of its word ids (spaces.encode_text; 0 pads)."""
+    if is_text(space):
+        return gym.spaces.Box(0, TEXT_BUCKETS, (text_tokens(space),), np.int64)
     if is_image(space) and channel_last(space):
         return gym.spaces.Box(np.transpose(space.low, (2, 0, 1)), np.transpose(space.high, (2, 0, 1)),
                               dtype=space.dtype)

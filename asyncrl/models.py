@@ -10,9 +10,10 @@ entropies and values of stored actions, the values in the value head's own scale
 returns, keep)``, ``fused_forward`` (the policy workers' inference), and ``core`` /
 ``state_size`` (a recurrent model's state). Observations are dicts of leaf keys (see
 ``spaces``). Between the inputs and the heads sit encoders per key (a CNN per image, one-hot for
-Discrete/MultiDiscrete, the vectors concatenated), then SB3's ``net_arch`` MLPs for policy and
-value. Running observation and return normalisers are part of the model: their statistics are
-module buffers, so they travel with the weights to policy workers and checkpoints.
+Discrete/MultiDiscrete, a GRU over a text's words, the vectors concatenated), then SB3's
+``net_arch`` MLPs for policy and value. Running observation and return normalisers are part of
+the model: their statistics are module buffers, so they travel with the weights to policy
+workers and checkpoints.
 
 ``policy_kwargs`` take Stable-Baselines3's spelling: ``net_arch``, ``activation_fn``,
 ``features_extractor_class`` (+ ``features_extractor_kwargs``: an SB3 ``BaseFeaturesExtractor``
@@ -40,7 +41,7 @@ from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
 from .encoders import (Bfloat16Linear, ConvEncoder, ReturnScale, RunningNorm, bfloat16_weights,
-                       computes_bfloat16, init_layer, image_encoder, mlp, normalized_keys,
+                       computes_bfloat16, init_layer, leaf_encoder, mlp, normalized_keys,
                        flat_width, preprocess_leaf, sb3_space, snapshot_bfloat16)
 from .gru import gru_sequence, gru_step
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid
@@ -138,9 +139,7 @@ class ActorCritic(nn.Module):
         cls = kw.get("features_extractor_class")
         if cls is not None:
             return cls(sb3_observation_space(env), **kw.get("features_extractor_kwargs", {}))
-        return nn.ModuleList([image_encoder(s, cfg.cnn, ortho, cfg.small_images,
-                                            cfg.cnn_precision) if is_grid(s)
-                              else nn.Flatten() for s in self.spaces])
+        return nn.ModuleList([leaf_encoder(s, cfg, ortho) for s in self.spaces])
 
     def _features_dim(self, encoders: nn.Module) -> int:
         if isinstance(encoders, nn.ModuleList):

@@ -10,7 +10,10 @@ staging and the learner's gatherer iterate.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+import functools
+import re
+import zlib
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +23,6 @@ from .config import CRITIC_STATE_MAX, ConfigError
 
 MASK_KEY = "action_mask"
 UNSUPPORTED_HINTS = {
-    gym.spaces.Text: "encode the text as a Box of token ids (a gymnasium ObservationWrapper)",
     gym.spaces.Sequence: "pad it to a fixed-length Box with a mask (an ObservationWrapper)",
     gym.spaces.Graph: "encode the graph as fixed-size Box node/edge arrays (an ObservationWrapper)",
 }
@@ -87,10 +89,63 @@ def scaled_uint8(space: gym.Space) -> bool:
             and bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))
 
 
+# A text leaf (a space of strings: gymnasium's Text, MiniGrid's and BabyAI's MissionSpace) is
+# stored as the ids of its first TEXT_TOKENS words and punctuation marks (0 pads; BabyAI's
+# longest missions have 37), each hashed into TEXT_BUCKETS ids (1..TEXT_BUCKETS), so that no
+# vocabulary has to be known in advance: BabyAI's MissionSpace samples "" and cannot list its
+# missions. The 33 words and marks of BabyAI's grammar get 33 ids (tested); a word never seen
+# gets an id as any other (two share one with a chance of 1 in TEXT_BUCKETS).
+TEXT_TOKENS = 48
+TEXT_BUCKETS = 4096
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def is_text(space: gym.Space) -> bool:
+    """A space of strings (its dtype is str): gymnasium's Text, MiniGrid's MissionSpace."""
+    return (not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple))
+            and isinstance(getattr(space, "dtype", None), np.dtype) and space.dtype.kind == "U")
+
+
+def text_tokens(space: gym.Space) -> int:
+    """Token ids stored of a text leaf: TEXT_TOKENS, fewer where a Text space's ``max_length``
+    cannot hold as many words and marks."""
+    max_length = getattr(space, "max_length", None)
+    return min(TEXT_TOKENS, max_length) if isinstance(max_length, int) else TEXT_TOKENS
+
+
+def token_id(word: str) -> int:
+    """A word's id, 1..TEXT_BUCKETS (crc32: the same in every process and run)."""
+    return 1 + zlib.crc32(word.encode("utf-8")) % TEXT_BUCKETS
+
+
+@functools.lru_cache(maxsize=4096)
+def _encode(text: str, tokens: int) -> np.ndarray:
+    ids = np.zeros(tokens, np.int64)
+    words = _WORD.findall(text.lower())[:tokens]
+    ids[:len(words)] = [token_id(w) for w in words]
+    ids.flags.writeable = False  # cached: shared by every call with the same text
+    return ids
+
+
+def encode_text(text: Any, tokens: int = TEXT_TOKENS) -> np.ndarray:
+    """A string -> int64 [tokens]: the ids of its words and punctuation marks, lower-cased, in
+    order, zero-padded; past ``tokens`` the rest is cut. An array of strings [N] -> [N, tokens].
+    What a text leaf is stored as, and what an exported policy takes in its place."""
+    if isinstance(text, str):
+        return _encode(text, tokens)
+    arr = np.asarray(text)
+    if arr.dtype.kind != "U":
+        raise ValueError(f"expected a string or an array of strings, got {arr.dtype} {arr.shape}")
+    return np.stack([_encode(str(t), tokens) for t in arr.reshape(-1)]).reshape(
+        *arr.shape, tokens) if arr.size else np.zeros((*arr.shape, tokens), np.int64)
+
+
 def leaf_storage(space: gym.Space) -> Tuple[Tuple[int, ...], np.dtype]:
     """How one observation leaf is stored per env: (shape, numpy dtype). Discrete and
     MultiDiscrete values are stored from 0 (their ``start`` subtracted); MultiBinary as uint8;
-    uint8 Boxes as they are; any other Box as float32."""
+    uint8 Boxes as they are; any other Box as float32; text as its words' ids (encode_text)."""
+    if is_text(space):
+        return (text_tokens(space),), np.dtype(np.int64)
     if isinstance(space, gym.spaces.Discrete):
         return (), np.dtype(np.int64)
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -114,7 +169,7 @@ def flatten_space(space: gym.Space, prefix: str = "") -> Dict[str, Tuple[tuple, 
                 top_leaf = not prefix and isinstance(space, gym.spaces.Dict) and not isinstance(
                     sub, (gym.spaces.Dict, gym.spaces.Tuple))
                 keep = [other for other in space.spaces if other != k] if top_leaf else []
-                if not keep:  # MiniGrid's "mission" has "image" and "direction" beside it
+                if not keep:  # a Sequence with other keys beside it
                     raise
                 raise UnsupportedSpace(
                     f"{e}; or drop the key if the policy can do without it: "
@@ -133,10 +188,13 @@ def flatten_space(space: gym.Space, prefix: str = "") -> Dict[str, Tuple[tuple, 
         if isinstance(space, kind):
             raise UnsupportedSpace(f"observation key {key!r} is a {kind.__name__} space, which "
                                    f"asyncrl cannot store in fixed-size buffers: {hint}")
+    if is_text(space):
+        return {key: ((), space)}
     if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
                               gym.spaces.MultiBinary)):
         raise UnsupportedSpace(f"observation key {key!r}: space {space} is not supported; use "
-                               "Box, Discrete, MultiDiscrete, MultiBinary, or Dict/Tuple of them")
+                               "Box, Discrete, MultiDiscrete, MultiBinary, Text, or Dict/Tuple of "
+                               "them")
     if isinstance(space, gym.spaces.Box) and not (np.issubdtype(space.dtype, np.number)
                                                   or space.dtype == np.bool_):
         raise ConfigError(f"observation key {key!r}: Box dtype {space.dtype} is not numeric")
@@ -204,6 +262,15 @@ class EnvSpec:
             return start if np.any(start != 0) else None
         return None
 
+    def leaf_converter(self, key: str) -> Optional[Callable[[Any], np.ndarray]]:
+        """How an env's value of a leaf becomes the stored one: a text encoded (encode_text), a
+        Discrete/MultiDiscrete start subtracted; None where it is stored as it is."""
+        space = self.leaves[key][1]
+        if is_text(space):
+            return functools.partial(encode_text, tokens=text_tokens(space))
+        offset = self.leaf_offset(key)
+        return None if offset is None else lambda x: np.asarray(x) - offset
+
     def batch_obs(self, observation: Any) -> Tuple[Dict[str, np.ndarray], int, bool]:
         """One observation or a batch (Dict observations batched per key) -> ({key: [N, ...]
         stored arrays}, N, single). Raises ValueError naming the key whose shape fits neither."""
@@ -215,6 +282,11 @@ class EnvSpec:
             except (KeyError, IndexError, TypeError) as e:
                 raise ValueError(f"observation has no key {key!r} of the observation space "
                                  f"{self.observation_space} ({type(e).__name__}: {e})") from e
+            if is_text(space):
+                if x.dtype.kind != "U":
+                    raise ValueError(f"observation key {key!r} is text: expected a string (or an "
+                                     f"array of strings), got {x.dtype} of shape {x.shape}")
+                x = encode_text(x, shape[0])
             is_single = x.shape == shape
             if not is_single and x.shape[1:] != shape:
                 raise ValueError(f"observation key {key!r} of shape {x.shape} matches neither the "
@@ -245,18 +317,19 @@ class ObsWriter:
 
     def __init__(self, spec: EnvSpec):
         self.items: List[Tuple[str, tuple, Any]] = [
-            (OBS_PREFIX + key, path, spec.leaf_offset(key)) for key, (path, _) in spec.leaves.items()]
+            (OBS_PREFIX + key, path, spec.leaf_converter(key))
+            for key, (path, _) in spec.leaves.items()]
         if spec.mask_source == "obs":
             self.items.append((MASK_KEY, (MASK_KEY,), None))
-        self.bare = spec.bare and self.items[0][2] is None  # no start to subtract
+        self.bare = spec.bare and self.items[0][2] is None  # stored as it comes
 
     def __call__(self, views: Dict[str, np.ndarray], i: int, obs: Any) -> None:
         if self.bare:
             views[OBS_PREFIX + "obs"][i] = obs
             return
-        for name, path, offset in self.items:
+        for name, path, convert in self.items:
             x = get_path(obs, path)
-            views[name][i] = x if offset is None else np.asarray(x) - offset
+            views[name][i] = x if convert is None else convert(x)
 
 
 def read_mask(env: gym.Env, source: str, obs: Any, info: dict) -> Any:

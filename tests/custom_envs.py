@@ -137,20 +137,20 @@ def channel_last_image_env():
     return ChannelLastImageEnv()
 
 
-class TextObsEnv(gym.Env):
+class SequenceObsEnv(gym.Env):
     observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
-                                         "note": gym.spaces.Text(8)})
+                                         "seen": gym.spaces.Sequence(gym.spaces.Discrete(3))})
     action_space = gym.spaces.Discrete(2)
 
     def reset(self, *, seed=None, options=None):
-        return {"pos": np.zeros(2, np.float32), "note": "hi"}, {}
+        return {"pos": np.zeros(2, np.float32), "seen": (1, 2)}, {}
 
     def step(self, action):
-        return {"pos": np.zeros(2, np.float32), "note": "hi"}, 0.0, True, False, {}
+        return {"pos": np.zeros(2, np.float32), "seen": (1, 2)}, 0.0, True, False, {}
 
 
-def text_obs_env():
-    return TextObsEnv()
+def sequence_obs_env():
+    return SequenceObsEnv()
 
 
 class ThreeLivesEnv(gym.Env):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import string
 from typing import Any, Optional
 
 import gymnasium as gym
@@ -332,17 +333,20 @@ class CustomPolicy(nn.Module):
         return self.pi(h), self.vf(h).squeeze(-1)
 
 
-class TextObsEnv(gym.Env):
-    observation_space = Dict({"msg": gym.spaces.Text(8), "x": Box(-1.0, 1.0, (2,), np.float32)})
-    action_space = Discrete(2)
+class TextCueEnv(CueEnv):
+    """CueEnv whose cue is text: "mission" (a Text space) names the colour whose action pays 1,
+    after one of three phrasings, so the colour's word is the 3rd, 4th or 5th."""
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return {"msg": "hi", "x": np.zeros(2, np.float32)}, {}
+    COLOURS = ("red", "green", "blue", "grey")
+    PHRASES = ("go to the {}", "you must reach the {} door", "now pick up the {} key, then stop")
+    observation_space = Dict({"mission": gym.spaces.Text(48, charset=string.ascii_lowercase + " ,"),
+                              "noise": Box(-1.0, 1.0, (3,), np.float32)})
 
-    def step(self, action):
-        return {"msg": "hi", "x": np.zeros(2, np.float32)}, 0.0, True, False, {}
+    def _obs(self):
+        obs = super()._obs()
+        phrase = self.PHRASES[int(self.np_random.integers(len(self.PHRASES)))]
+        return {"mission": phrase.format(self.COLOURS[obs.pop("cue")]), **obs}
 
 
-def text_obs_env():
-    return TextObsEnv()
+def text_cue_env():
+    return TextCueEnv()

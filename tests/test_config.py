@@ -202,24 +202,26 @@ def test_dict_observation_space_accepted():
     assert int(action) in (0, 1)
 
 
-def test_text_observation_key_rejected_naming_key_and_wrapper():
-    with pytest.raises(ConfigError, match=r"observation key 'note' is a Text space.*ObservationWrapper"):
-        make(custom_envs.text_obs_env)
+def test_sequence_observation_key_rejected_naming_key_and_wrapper():
+    with pytest.raises(ConfigError, match=r"observation key 'seen' is a Sequence space.*"
+                       r"ObservationWrapper"):
+        make(custom_envs.sequence_obs_env)
 
 
 def test_unsupported_top_level_key_names_the_filter_that_drops_it():
-    """MiniGrid's Dict holds its text "mission" beside the grid: the error says how to drop it."""
+    """A Sequence beside other keys of a Dict: the error says how to drop it."""
     from asyncrl.spaces import flatten_space
     box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    space = gym.spaces.Dict({"image": box, "mission": gym.spaces.Text(8), "direction": box})
-    with pytest.raises(ConfigError, match=r"'mission'.*FilterObservation\(env, \['direction', "
+    seq = gym.spaces.Sequence(gym.spaces.Discrete(3))
+    space = gym.spaces.Dict({"image": box, "seen": seq, "direction": box})
+    with pytest.raises(ConfigError, match=r"'seen'.*FilterObservation\(env, \['direction', "
                        r"'image'\]\)"):  # a Dict sorts its keys
         flatten_space(space)
     # only a top-level Dict key is the wrapper's to drop, and only beside another key
-    nested = gym.spaces.Dict({"a": gym.spaces.Dict({"t": gym.spaces.Text(8), "x": box})})
+    nested = gym.spaces.Dict({"a": gym.spaces.Dict({"t": seq, "x": box})})
     for other, key in ((nested, "'a.t'"),
-                       (gym.spaces.Tuple((gym.spaces.Text(8), box)), "'0'"),
-                       (gym.spaces.Dict({"mission": gym.spaces.Text(8)}), "'mission'")):
+                       (gym.spaces.Tuple((seq, box)), "'0'"),
+                       (gym.spaces.Dict({"seen": seq}), "'seen'")):
         with pytest.raises(ConfigError) as e:
             flatten_space(other)
         assert key in str(e.value) and "FilterObservation" not in str(e.value), str(e.value)

@@ -1,7 +1,8 @@
 """model.export: the ONNX file (run with onnxruntime) and the TorchScript file (run in a process
 without asyncrl) give predict(deterministic=True)'s actions on 1,000 observations, per space
-family: Box, Discrete and MultiDiscrete (with starts), Dict/Tuple observations with an image,
-Dict actions, masks from the observation and from info, GRU and LSTM state."""
+family: Box, Discrete and MultiDiscrete (with starts), Dict/Tuple observations with an image or a
+text (the exported policy takes its word ids), Dict actions, masks from the observation and from
+info, GRU and LSTM state."""
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple
+from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Text, Tuple
 
 import space_envs as se
 from asyncrl import APPO, ConfigError
@@ -27,6 +28,8 @@ CASES = {
              keys=MultiDiscrete([3, 2], start=[1, 0]), bits=MultiBinary(3),
              img=Box(0, 255, (12, 12, 3), np.uint8)),
         Dict(move=Discrete(3), force=Box(-1, 1, (1,), np.float32))), {}),
+    "dict_obs_with_text": (se.space_env(
+        Dict(mission=Text(12, charset="abc "), pos=Box(-1, 1, (2,), np.float32)), Discrete(3)), {}),
     "masked_in_obs-multidiscrete": (se.masked_env("obs", MultiDiscrete([3, 4])), {}),
     "masked_in_info-gru": (se.masked_env("info", Discrete(5)), dict(use_rnn=True, rnn_type="gru")),
     "tuple_obs-multibinary-lstm": (se.space_env(Tuple((Box(-1, 1, (2,), np.float32), Discrete(3))),
