@@ -240,6 +240,20 @@ CASES: Dict[str, Case] = {
     # target, -15.5, is 0.34 of the way from the wordless to the talking script (the earlier
     # rounds' fraction).
     "simple-reference": Case(se.simple_reference, 1_000_000, -15.5, "heldout8"),
+    # Text observations (2026-12-07), targets set before any run: MiniGrid and BabyAI tasks whose
+    # mission (a MissionSpace of strings, which asyncrl stores as word ids) names what to reach,
+    # as they come (the rows above drop the mission: FilterObservation), and the same tasks
+    # without it, as the only way they trained before. SB3's PPO takes no text space. Random play
+    # (50 episodes): GoToDoor-5x5 0.08 (four doors, one named), Fetch-5x5-N2 0.37 (two objects,
+    # one named; the wrong one ends the episode at 0), BabyAI GoToLocalS6N2 0.15 (a 6 x 6 room,
+    # two objects, one named). Reward 1 - 0.9 steps / limit; the target, 0.8, asks for the named
+    # one nearly every time.
+    "minigrid-gotodoor5": Case(se.minigrid_gotodoor5, 500_000, 0.8, "text", sb3=None),
+    "minigrid-gotodoor5-nomission": Case(se.minigrid_gotodoor5_nomission, 500_000, 0.8, "text"),
+    "minigrid-fetch5": Case(se.minigrid_fetch5, 500_000, 0.8, "text", sb3=None),
+    "minigrid-fetch5-nomission": Case(se.minigrid_fetch5_nomission, 500_000, 0.8, "text"),
+    "babyai-gotolocal6": Case(se.babyai_gotolocal, 1_000_000, 0.8, "text", sb3=None),
+    "babyai-gotolocal6-nomission": Case(se.babyai_gotolocal_nomission, 1_000_000, 0.8, "text"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the issue's mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -652,7 +666,9 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "heldout5": "Held out, fifth round (2026-12-06)",
             "heldout6": "Held out, sixth round (2026-12-06)",
             "heldout7": "Held out, seventh round (2026-12-06)",
-            "heldout8": "Held out, eighth round (2026-12-06)", "doom": "VizDoom"}
+            "heldout8": "Held out, eighth round (2026-12-06)",
+            "text": "Text observations: MiniGrid and BabyAI with their missions (2026-12-07)",
+            "doom": "VizDoom"}
 
 
 def readme_table(runs: List[dict], reference: str = "sb3") -> str:

@@ -59,6 +59,37 @@ def minigrid_redbluedoors6():
     return minigrid("MiniGrid-RedBlueDoors-6x6-v0")
 
 
+def minigrid_mission(name: str) -> gym.Env:
+    """A MiniGrid or BabyAI task as it comes: ``Dict(image, direction, mission)``, the mission
+    its text (a MissionSpace), which asyncrl stores as word ids (asyncrl.spaces.encode_text)."""
+    import minigrid  # noqa: F401  (registers the ids)
+    return gym.make(name)
+
+
+def minigrid_gotodoor5():
+    return minigrid_mission("MiniGrid-GoToDoor-5x5-v0")
+
+
+def minigrid_gotodoor5_nomission():
+    return minigrid("MiniGrid-GoToDoor-5x5-v0")
+
+
+def minigrid_fetch5():
+    return minigrid_mission("MiniGrid-Fetch-5x5-N2-v0")
+
+
+def minigrid_fetch5_nomission():
+    return minigrid("MiniGrid-Fetch-5x5-N2-v0")
+
+
+def babyai_gotolocal():
+    return minigrid_mission("BabyAI-GoToLocalS6N2-v0")
+
+
+def babyai_gotolocal_nomission():
+    return minigrid("BabyAI-GoToLocalS6N2-v0")
+
+
 def cliffwalking():
     """Gymnasium's CliffWalking (``Discrete(48)`` states): it has no time limit of its own (a
     fall sends the agent back to the start), so episodes end at 200 steps here."""
