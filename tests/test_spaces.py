@@ -516,10 +516,9 @@ def test_learns_which_action_a_text_names(tmp_path):
     assert score > 0.8, score
     assert int(one) == actions[1]
     assert (actions == np.tile(np.arange(4), 3)).mean() > 0.8, actions
-    loaded = APPO.load(tmp_path / "m", device="cpu")
-    again, _ = loaded.predict({"mission": missions, "noise": noise}, deterministic=True)
+    with APPO.load(tmp_path / "m", device="cpu") as loaded:
+        again, _ = loaded.predict({"mission": missions, "noise": noise}, deterministic=True)
     assert np.array_equal(again, actions)
-    loaded.close()
 
 
 @pytest.mark.timeout(60)
