@@ -335,7 +335,7 @@ class CustomPolicy(nn.Module):
 
 class TextCueEnv(CueEnv):
     """CueEnv whose cue is text: "mission" (a Text space) names the colour whose action pays 1,
-    after one of three phrasings, so the colour's word is the 3rd, 4th or 5th."""
+    in one of three phrasings (the colour the 4th or 5th word, words after it or none)."""
 
     COLOURS = ("red", "green", "blue", "grey")
     PHRASES = ("go to the {}", "you must reach the {} door", "now pick up the {} key, then stop")

@@ -501,7 +501,7 @@ def test_a_text_reads_the_same_alone_and_in_any_batch():
 
 @pytest.mark.timeout(90)
 def test_learns_which_action_a_text_names(tmp_path):
-    """Reward 1 when the action is the colour the mission names, at the 3rd, 4th or 5th word
+    """Reward 1 when the action is the colour the mission names, in one of three phrasings
     (chance 1/4); predict, save and load take the mission as a string, one or a batch."""
     env = se.text_cue_env()
     with APPO(se.text_cue_env, batch_size=128, minibatch_size=64, **LEARN) as model:
