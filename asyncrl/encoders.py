@@ -498,7 +498,7 @@ class TextEncoder(nn.Module):
     observations")."""
     learns_features = False  # an MLP follows
 
-    def __init__(self, tokens: int):
+    def __init__(self):
         super().__init__()
         self.embedding = nn.Embedding(TEXT_BUCKETS + 1, TEXT_EMBEDDING, padding_idx=0)
         self.gru = nn.GRU(TEXT_EMBEDDING, TEXT_FEATURES, batch_first=True)
@@ -526,7 +526,7 @@ def leaf_encoder(space: gym.Space, cfg, ortho: bool) -> nn.Module:
     a TextEncoder for text, else nn.Flatten (preprocess_leaf's vector as it is)."""
     if is_grid(space):
         return image_encoder(space, cfg.cnn, ortho, cfg.small_images, cfg.cnn_precision)
-    return TextEncoder(text_tokens(space)) if is_text(space) else nn.Flatten()
+    return TextEncoder() if is_text(space) else nn.Flatten()
 
 
 def flat_width(space: gym.Space) -> int:

@@ -34,7 +34,7 @@ from .config import ConfigError
 from .distributions import Composite
 from .encoders import ConvEncoder
 from .models import ActorCritic, PolicySpec, RecurrentCore
-from .spaces import encode_text, is_text, leaf_storage
+from .spaces import stack_observations
 
 FORMATS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript"}
 MASK_INPUT, STATE_INPUT, STATE_OUTPUT = "action_mask", "state", "next_state"
@@ -83,13 +83,9 @@ def output_names(policy: DeterministicPolicy) -> List[str]:
 
 def example_inputs(policy: DeterministicPolicy, spec: PolicySpec, n: int = 2) -> Tuple[torch.Tensor, ...]:
     """Inputs of a batch of ``n`` drawn from the spaces (a mask allowing everything, zero state)."""
-    out = []
-    for key, (_, space) in spec.env.leaves.items():
-        shape, dtype = leaf_storage(space)
-        sample = np.stack([np.asarray(space.sample()) for _ in range(n)])
-        if is_text(space):  # the exported policy takes the words' ids (spaces.encode_text)
-            sample = encode_text(sample, shape[0])
-        out.append(torch.as_tensor(sample.reshape(n, *shape).astype(dtype)))
+    space = spec.env.observation_space
+    inputs = observation_inputs(spec, stack_observations(space, [space.sample() for _ in range(n)]))
+    out = [torch.as_tensor(inputs[key]) for key in spec.env.leaves]
     if policy.masked:
         out.append(torch.ones(n, policy.model.dist.mask_size, dtype=torch.bool))
     if policy.recurrent:

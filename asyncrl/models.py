@@ -44,7 +44,7 @@ from .encoders import (Bfloat16Linear, ConvEncoder, ReturnScale, RunningNorm, bf
                        computes_bfloat16, init_layer, leaf_encoder, mlp, normalized_keys,
                        flat_width, preprocess_leaf, sb3_space, snapshot_bfloat16)
 from .gru import gru_sequence, gru_step
-from .spaces import GLOBAL_STATE, EnvSpec, is_grid
+from .spaces import GLOBAL_STATE, EnvSpec, is_grid, stack_observations
 
 POLICY_KWARGS = ("net_arch", "activation_fn", "features_extractor_class", "features_extractor_kwargs",
                  "share_features_extractor", "log_std_init", "ortho_init")
@@ -485,12 +485,4 @@ def build_checked(spec: PolicySpec, cfg: Config) -> ActorCritic:
 
 def _stack_samples(space: gym.Space, n: int) -> Any:
     """n samples of a space, batched (per key for Dict/Tuple spaces: what predict accepts)."""
-    samples = [space.sample() for _ in range(n)]
-
-    def stack(items, sp):
-        if isinstance(sp, gym.spaces.Dict):
-            return {k: stack([it[k] for it in items], s) for k, s in sp.spaces.items()}
-        if isinstance(sp, gym.spaces.Tuple):
-            return tuple(stack([it[i] for it in items], s) for i, s in enumerate(sp.spaces))
-        return np.stack([np.asarray(it) for it in items])
-    return stack(samples, space)
+    return stack_observations(space, [space.sample() for _ in range(n)])

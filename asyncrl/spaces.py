@@ -102,8 +102,8 @@ _WORD = re.compile(r"\w+|[^\w\s]")
 
 def is_text(space: gym.Space) -> bool:
     """A space of strings (its dtype is str): gymnasium's Text, MiniGrid's MissionSpace."""
-    return (not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple))
-            and isinstance(getattr(space, "dtype", None), np.dtype) and space.dtype.kind == "U")
+    dtype = getattr(space, "dtype", None)  # None for Dict and Tuple
+    return isinstance(dtype, np.dtype) and dtype.kind == "U"
 
 
 def text_tokens(space: gym.Space) -> int:

@@ -484,7 +484,7 @@ def test_a_text_reads_the_same_alone_and_in_any_batch():
     from asyncrl.encoders import TextEncoder
     from asyncrl.spaces import encode_text
     torch.manual_seed(0)
-    encoder = TextEncoder(8)
+    encoder = TextEncoder()
     texts = np.array(["", "go", "go to the red door", "go to the red door", "a b c d e f g h i j"])
     ids = torch.as_tensor(encode_text(texts, 8))
     batch = encoder(ids[[2, 0, 4, 1, 3, 2]])
