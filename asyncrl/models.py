@@ -40,9 +40,10 @@ import torch.nn.functional as F
 from . import pickling
 from .config import Config, ConfigError
 from .distributions import make_distribution
-from .encoders import (Bfloat16Linear, ConvEncoder, ReturnScale, RunningNorm, bfloat16_weights,
-                       computes_bfloat16, init_layer, leaf_encoder, mlp, normalized_keys,
-                       flat_width, preprocess_leaf, sb3_space, snapshot_bfloat16)
+from .encoders import (Bfloat16Linear, ConvEncoder, ReturnScale, RunningNorm, TextEncoder,
+                       bfloat16_weights, computes_bfloat16, init_layer, leaf_encoder, mlp,
+                       normalized_keys, flat_width, preprocess_leaf, remember_texts, sb3_space,
+                       snapshot_bfloat16)
 from .gru import gru_sequence, gru_step
 from .spaces import GLOBAL_STATE, EnvSpec, is_grid, stack_observations
 
@@ -278,11 +279,14 @@ class ActorCritic(nn.Module):
         into the first layer's columns (each normalised key is centred and clipped to +-clip x
         std: two operations where the normaliser takes five). Rebuild it after the weights or
         statistics change. Other models return ``forward`` itself, their bfloat16 image encoder and
-        core with a snapshot of their weights in bfloat16 (reused until the weights change)."""
+        core with a snapshot of their weights in bfloat16 and their text encoders with a memo of
+        the texts read (each reused until the weights change)."""
         device = next(self.parameters()).device
         for module in self.modules():
             if isinstance(module, (ConvEncoder, RecurrentCore)) and module.bfloat16_on(device):
                 snapshot_bfloat16(module)
+            elif isinstance(module, TextEncoder):
+                remember_texts(module)
         fusable = (isinstance(self.encoders, nn.ModuleList) and self.vf_encoders is None
                    and self.core is None and not self.centralized
                    and all(isinstance(e, nn.Flatten) for e in self.encoders)

@@ -499,6 +499,49 @@ def test_a_text_reads_the_same_alone_and_in_any_batch():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_a_policy_worker_reads_each_text_once_per_weight_version():
+    """Once a policy worker takes a model's fused_forward (per weight version), its forwards
+    without gradients keep each text's features while the weights stay: the GRU reads a text
+    the first time only, and weights changed in place are never answered from the old memo.
+    The learner's reading of a batch's different texts is torch.unique's, in another order."""
+    from asyncrl.encoders import TextEncoder, distinct_texts
+    from asyncrl.models import ActorCritic
+    from asyncrl.spaces import EnvSpec
+    torch.manual_seed(0)
+    env = se.text_cue_env()
+    model = ActorCritic.from_spaces(env.observation_space, env.action_space)
+    encoder = next(m for m in model.modules() if isinstance(m, TextEncoder))
+    spec = EnvSpec(env.observation_space, env.action_space)
+    missions = np.array(["go to the red", "", "now pick up the blue key, then stop",
+                         "go to the red", "go to the grey"] * 4)
+    arrays, _, _ = spec.batch_obs({"mission": missions,
+                                   "noise": np.zeros((len(missions), 3), np.float32)})
+    obs = {k: torch.as_tensor(a) for k, a in arrays.items()}
+    texts, which = distinct_texts(obs["mission"])
+    assert len(texts) == 4 and texts.shape[1] == 9  # 4 texts, the longest 9 words and marks
+    torch.testing.assert_close(texts[which], obs["mission"][:, :9])
+    assert len(torch.unique(which)) == len(torch.unique(obs["mission"], dim=0))
+
+    read, calls = encoder._read, []
+    encoder._read = lambda ids: calls.append(len(ids)) or read(ids)
+    with torch.no_grad():
+        forward = model.fused_forward()
+        for _ in range(2):  # the second pass from the memo
+            for got, want in zip(forward(obs), model(obs)):
+                torch.testing.assert_close(got, want)
+        forward({k: v[:2] for k, v in obs.items()})
+        assert calls == [4]  # each text read once, for every forward of these weights
+        for p in encoder.gru.parameters():  # new weights without a new fused_forward
+            p.add_(0.1)
+        for got, want in zip(forward(obs), model(obs)):
+            torch.testing.assert_close(got, want)
+        assert calls == [4, 4, 4]  # read again, by both
+    with torch.enable_grad():  # a learner's forward never takes the memo
+        model.fused_forward()
+        model(obs)
+    assert calls == [4, 4, 4, 4]
+
+
 @pytest.mark.timeout(90)
 def test_learns_which_action_a_text_names(tmp_path):
     """Reward 1 when the action is the colour the mission names, in one of three phrasings
