@@ -163,7 +163,7 @@ def _checked_spec(env, obs_space: gym.Space, act_space: gym.Space, source: Optio
 def _global_state_size(env) -> int:
     """Floats of a multi-agent env's global state (a centralised critic's input); 0 for a
     single-agent env, or where the state or an agent's observation space does not flatten to a
-    vector (a rule-based agent may see anything): a critic asked for then says so."""
+    vector (a rule-based agent may see anything; text): a critic asked for then says so."""
     if isinstance(env, gym.Env):
         return 0
     try:

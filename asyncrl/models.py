@@ -95,7 +95,8 @@ class ActorCritic(nn.Module):
             raise ConfigError("centralized_critic=True applies to multi-agent envs (PettingZoo) whose "
                               "global state flattens to a vector (their state() and state_space, "
                               "or every agent's observation: gymnasium.spaces.flatten); this env "
-                              "has a single agent, or such a state does not flatten")
+                              "has a single agent, or such a state does not flatten (or holds "
+                              "text)")
         if self.centralized and spec.policy is not None:
             raise ConfigError("centralized_critic=True needs the built-in network (its value head "
                               "reads the global state), not policy=")

@@ -28,6 +28,7 @@ import numpy as np
 from . import pickling
 from .config import ConfigError
 from .messages import MAX_TRAINED_POLICIES
+from .spaces import is_text
 from .turns import movers
 
 DEFAULT_POLICY = "policy"  # the one policy of a single-agent env, or one shared by every agent
@@ -58,12 +59,21 @@ def _arity(fn: Callable) -> int:
 def global_state_space(env: Any) -> gym.spaces.Box:
     """The global state a centralised critic sees (flattened, float32): the env's ``state()``
     where it declares a ``state_space``, else every possible agent's observation (flattened:
-    Discrete parts one-hot) side by side in ``possible_agents`` order."""
-    if _has_state(env):
-        size = gym.spaces.flatdim(env.state_space)
-    else:
-        size = sum(gym.spaces.flatdim(env.observation_space(a)) for a in env.possible_agents)
-    return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+    Discrete parts one-hot) side by side in ``possible_agents`` order. Raises ValueError where
+    such a state holds text (gymnasium flattens a text into its characters' indices)."""
+    parts = ([env.state_space] if _has_state(env)
+             else [env.observation_space(a) for a in env.possible_agents])
+    if any(_holds_text(space) for space in parts):
+        raise ValueError("a text leaf does not flatten into a critic's state")
+    return gym.spaces.Box(-np.inf, np.inf, (sum(gym.spaces.flatdim(p) for p in parts),),
+                          np.float32)
+
+
+def _holds_text(space: gym.Space) -> bool:
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        return any(_holds_text(s) for s in (space.spaces.values()
+                                           if isinstance(space, gym.spaces.Dict) else space.spaces))
+    return is_text(space)
 
 
 def global_state(env: Any, observations: Dict[str, Any]) -> np.ndarray:

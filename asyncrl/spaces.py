@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 import zlib
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -121,7 +122,13 @@ def token_id(word: str) -> int:
 @functools.lru_cache(maxsize=4096)
 def _encode(text: str, tokens: int) -> np.ndarray:
     ids = np.zeros(tokens, np.int64)
-    words = _WORD.findall(text.lower())[:tokens]
+    words = _WORD.findall(text.lower())
+    if len(words) > tokens:  # once per process (a warning's default filter) and text (the cache)
+        warnings.warn(f"a text observation has more than {tokens} words and punctuation marks, "
+                      f"the most a text leaf stores (TEXT_TOKENS, or a Text space's smaller "
+                      f"max_length): the rest is cut; shorten the text in a wrapper where the "
+                      f"rest matters", stacklevel=3)
+        words = words[:tokens]
     ids[:len(words)] = [token_id(w) for w in words]
     ids.flags.writeable = False  # cached: shared by every call with the same text
     return ids
@@ -129,7 +136,8 @@ def _encode(text: str, tokens: int) -> np.ndarray:
 
 def encode_text(text: Any, tokens: int = TEXT_TOKENS) -> np.ndarray:
     """A string -> int64 [tokens]: the ids of its words and punctuation marks, lower-cased, in
-    order, zero-padded; past ``tokens`` the rest is cut. An array of strings [N] -> [N, tokens].
+    order, zero-padded; past ``tokens`` the rest is cut, with a warning. An array of strings [N]
+    -> [N, tokens].
     What a text leaf is stored as, and what an exported policy takes in its place."""
     if isinstance(text, str):
         return _encode(text, tokens)

@@ -202,6 +202,24 @@ def cues():
     return Cues()
 
 
+class TextCues(Cues):
+    """Cues of two among 2 for both agents (one shared policy), who also see a note, a Text
+    leaf: a global state of every agent's observation would hold text."""
+
+    SIZES = {"small": 2, "big": 2}
+
+    def observation_space(self, agent):
+        return gym.spaces.Dict({"cue": super().observation_space(agent),
+                                "note": gym.spaces.Text(12)})
+
+    def _observe(self):
+        return {a: {"cue": cue, "note": "go"} for a, cue in super()._observe().items()}
+
+
+def text_cues():
+    return TextCues()
+
+
 class Mixed(Seeded):
     """Agent "disc" answers a cue among 2 (Discrete(2)); agent "cont" steers a Box(1) action
     towards a target it sees (reward -|a - target|). 4 steps an episode. ``cont_size``: the

@@ -114,6 +114,11 @@ def test_a_centralised_critic_without_agents_or_with_a_custom_network_is_a_clear
         APPO("CartPole-v1", centralized_critic=True, serial_mode=True)
     with pytest.raises(ConfigError, match="needs the built-in network"):
         APPO(ma_envs.leaving, policy=Net, centralized_critic=True, serial_mode=True, **FAST)
+    # every agent's observation as the state: a text leaf would be its characters' indices
+    with pytest.raises(ConfigError, match="does not flatten \\(or holds text\\)"):
+        APPO(ma_envs.text_cues, centralized_critic=True, serial_mode=True, **FAST)
+    with APPO(ma_envs.text_cues, serial_mode=True, **FAST) as model:  # independent critics
+        assert not model.config.centralized_critic
 
 
 def test_a_global_state_the_critic_reads_by_default_follows_from_the_spaces():
