@@ -255,6 +255,15 @@ CASES: Dict[str, Case] = {
     "minigrid-fetch5-nomission": Case(se.minigrid_fetch5_nomission, 500_000, 0.8, "text"),
     "babyai-gotolocal6": Case(se.babyai_gotolocal, 1_000_000, 0.8, "text", sb3=None),
     "babyai-gotolocal6-nomission": Case(se.babyai_gotolocal_nomission, 1_000_000, 0.8, "text"),
+    # A held-out round of text tasks (2026-12-07, thirty-fifth session), targets set before any
+    # run, larger rooms of the same families: GoToObject-8x8-N2 (two objects, one named by colour
+    # and type; "done" beside it pays, "done" elsewhere ends the episode at 0; random play 0.06
+    # over 100 episodes) and Fetch-8x8-N3 (three objects; random play 0.23), at 1M env steps.
+    "minigrid-gotoobject8": Case(se.minigrid_gotoobject8, 1_000_000, 0.8, "text", sb3=None),
+    "minigrid-gotoobject8-nomission": Case(se.minigrid_gotoobject8_nomission, 1_000_000, 0.8,
+                                           "text"),
+    "minigrid-fetch8": Case(se.minigrid_fetch8, 1_000_000, 0.8, "text", sb3=None),
+    "minigrid-fetch8-nomission": Case(se.minigrid_fetch8_nomission, 1_000_000, 0.8, "text"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on

@@ -82,6 +82,22 @@ def minigrid_fetch5_nomission():
     return minigrid("MiniGrid-Fetch-5x5-N2-v0")
 
 
+def minigrid_gotoobject8():
+    return minigrid_mission("MiniGrid-GoToObject-8x8-N2-v0")
+
+
+def minigrid_gotoobject8_nomission():
+    return minigrid("MiniGrid-GoToObject-8x8-N2-v0")
+
+
+def minigrid_fetch8():
+    return minigrid_mission("MiniGrid-Fetch-8x8-N3-v0")
+
+
+def minigrid_fetch8_nomission():
+    return minigrid("MiniGrid-Fetch-8x8-N3-v0")
+
+
 def babyai_gotolocal():
     return minigrid_mission("BabyAI-GoToLocalS6N2-v0")
 
