@@ -493,8 +493,9 @@ TEXT_MEMO_SIZE = 4096  # texts a memo holds before it starts again (a text per s
 def remember_texts(encoder: "TextEncoder") -> None:
     """Let ``encoder`` keep each text's features, without gradients, while its weights stay as
     they are now: a policy worker takes one memo per weight version (``fused_forward``). A
-    mission stays for its episode, so nearly every step's text was read at an earlier step; on
-    Fetch-5x5-N2 the GRU was half a policy worker's forward pass."""
+    mission stays for its episode, so nearly every step's text was read at an earlier step. On
+    Fetch-5x5-N2 reading it at every step made a policy worker's forward pass of 8 rows 626 µs
+    against 255 µs without the mission; with the memo 256-362 µs."""
     _TEXT_MEMOS[encoder] = (_identity(list(encoder.parameters())), {})
 
 
