@@ -527,21 +527,23 @@ def test_a_policy_worker_reads_each_text_once_per_weight_version():
     read, calls = encoder._read, []
     encoder._read = lambda ids: calls.append(len(ids)) or read(ids)
     with torch.no_grad():
+        plain = model(obs)  # no memo taken yet: read
         forward = model.fused_forward()
         for _ in range(2):  # the second pass from the memo
-            for got, want in zip(forward(obs), model(obs)):
+            for got, want in zip(forward(obs), plain):
                 torch.testing.assert_close(got, want)
         forward({k: v[:2] for k, v in obs.items()})
-        assert calls == [4]  # each text read once, for every forward of these weights
+        model(obs)  # any forward without gradients, while the weights stay
+        assert calls == [4, 4]  # each text read once for the memo
         for p in encoder.gru.parameters():  # new weights without a new fused_forward
             p.add_(0.1)
-        for got, want in zip(forward(obs), model(obs)):
-            torch.testing.assert_close(got, want)
-        assert calls == [4, 4, 4]  # read again, by both
-    with torch.enable_grad():  # a learner's forward never takes the memo
-        model.fused_forward()
-        model(obs)
+        after = forward(obs)
+        assert calls == [4, 4, 4]  # not from the old memo
+        model.fused_forward()  # a memo of the new weights
+    fresh = model(obs)  # with gradients: never from a memo
     assert calls == [4, 4, 4, 4]
+    for got, want in zip(after, fresh):
+        torch.testing.assert_close(got, want.detach())
 
 
 @pytest.mark.timeout(90)
