@@ -22,7 +22,8 @@ Policy = Callable[[np.ndarray, gym.Space, np.random.Generator], object]
 
 def random_play(obs, space: gym.Space, rng: np.random.Generator):
     space.seed(int(rng.integers(2 ** 31)))
-    return space.sample()
+    action = space.sample()  # a Discrete one as a Python int (NASim's flat actions take no other)
+    return int(action) if isinstance(space, gym.spaces.Discrete) else action
 
 
 def keep_still(obs, space: gym.Space, rng: np.random.Generator):

@@ -166,6 +166,29 @@ def nasim_medium_multi_site():
     return nasim("MediumMultiSite-v0")
 
 
+def nasim_small_po():
+    """NASim small, partially observable: each step shows only what the last action revealed
+    (the hosts' state is not in the observation), so a policy must remember what it learnt."""
+    return nasim("SmallPO-v0")
+
+
+def nasim_large_gen():
+    """NASim's generated large scenario: 23 hosts, 322 flat actions, sensitive (2, 0) and (7, 0),
+    5,000 steps; every action costs 1."""
+    return nasim("LargeGen-v0")
+
+
+def nasim_large_gen_md():
+    """NASim's generated large scenario with ``MultiDiscrete`` actions (its "VA" id)."""
+    return nasim("LargeGenVA-v0")
+
+
+def nasim_huge_gen():
+    """NASim's generated huge scenario: 38 hosts, 684 flat actions, 1,560 observations, sensitive
+    (2, 0) and (10, 0), 10,000 steps; every action costs 1."""
+    return nasim("HugeGen-v0")
+
+
 def taxi():
     """Gymnasium's Taxi: ``Discrete(500)`` states, ``info["action_mask"]`` (read by asyncrl)."""
     return gym.make("Taxi-v4")
