@@ -112,11 +112,14 @@ def cliffwalking():
     return gym.wrappers.TimeLimit(gym.make("CliffWalking-v1"), 200)
 
 
-def nasim(name: str) -> gym.Env:
+def nasim(name: str, generated: str = "") -> gym.Env:
     """A NASim scenario, ended at its step limit. Unmasked: nasim 0.12's ``get_action_mask()``
-    raises (``'Network' object has no attribute 'host_discovered'``)."""
+    raises (``'Network' object has no attribute 'host_discovered'``). A ``generated`` scenario
+    (NASim's "*Gen" ids) is generated from seed 0: the ids draw a new network at every
+    ``gym.make``, so each env of a run (and the evaluation's) would be another network."""
     import nasim as _nasim  # noqa: F401  (registers the ids)
-    env = gym.make(name)
+    from nasim.scenarios import make_benchmark_scenario
+    env = gym.make(name, **({"scenario": make_benchmark_scenario(generated, 0)} if generated else {}))
     return gym.wrappers.TimeLimit(env, env.unwrapped.scenario.step_limit)
 
 
@@ -174,19 +177,19 @@ def nasim_small_po():
 
 def nasim_large_gen():
     """NASim's generated large scenario: 23 hosts, 322 flat actions, sensitive (2, 0) and (7, 0),
-    5,000 steps; every action costs 1."""
-    return nasim("LargeGen-v0")
+    5,000 steps; every action costs 1 and every other host is worth 1."""
+    return nasim("LargeGen-v0", "large-gen")
 
 
 def nasim_large_gen_md():
     """NASim's generated large scenario with ``MultiDiscrete`` actions (its "VA" id)."""
-    return nasim("LargeGenVA-v0")
+    return nasim("LargeGenVA-v0", "large-gen")
 
 
 def nasim_huge_gen():
     """NASim's generated huge scenario: 38 hosts, 684 flat actions, 1,560 observations, sensitive
-    (2, 0) and (10, 0), 10,000 steps; every action costs 1."""
-    return nasim("HugeGen-v0")
+    (2, 0) and (10, 0), 10,000 steps; every action costs 1 and every other host is worth 1."""
+    return nasim("HugeGen-v0", "huge-gen")
 
 
 def taxi():
