@@ -461,7 +461,10 @@ class APPO:
         collected before are from another policy and are not trained on.
 
         A frozen policy's weights (``{"opp": state_dict or path}``; no optimizer) reach the
-        rollout workers at the next ``train()``; the trained policies' samples stay valid.
+        rollout workers at the next ``train()``; the trained policies' samples stay valid. They
+        need only fit its actor: a frozen policy never computes a value, so a value side that
+        does not fit (a model's of the other ``centralized_critic`` setting) or is absent is
+        left out and its own stays.
 
         ``device`` is SB3's argument, checked and otherwise without effect: this process holds
         every policy on the CPU, and the learners and policy workers copy the weights to

@@ -70,6 +70,10 @@ def _policy_spec(env: EnvSpec, policy: bytes, policy_kwargs: bytes) -> PolicySpe
 
 
 class ActorCritic(nn.Module):
+    # state_dict entries only the value side reads (a policy that acts needs none of them): its
+    # own features, MLP and head, the return scale, a centralised critic's state normaliser
+    VALUE_SIDE = ("vf_encoders.", "vf_net.", "value_head.", "value_norm.", "state_norm.")
+
     def __init__(self, spec: PolicySpec, cfg: Config):
         super().__init__()
         kw = check_policy_kwargs(spec.policy_kwargs or {}, spec.policy is not None)

@@ -10,6 +10,8 @@ from typing import Any, Callable, Collection, Dict, Optional, Union
 
 import torch
 
+from .models import ActorCritic
+
 OPTIMIZER_SUFFIX = ".optimizer"  # get_parameters(): {id: weights, id + ".optimizer": Adam's state}
 
 
@@ -72,7 +74,8 @@ class PolicyParameters:
                 except (ValueError, KeyError) as e:
                     raise ValueError(f"{opt_key!r} does not fit this model's Adam ({e})") from e
             trained[pid] = (state, optimizer_state)
-        frozen = {pid: self.parse(params[pid], pid)[pid] for pid in self.frozen if pid in params}
+        frozen = {pid: _acting(self.frozen[pid], self.parse(params[pid], pid)[pid])
+                  for pid in self.frozen if pid in params}
         for pid, state in frozen.items():
             _check_state_dict(self.frozen[pid], state, exact_match)
         return trained, frozen
@@ -156,7 +159,7 @@ class PolicyParameters:
             if entry.get("learner_rng") is not None:  # the learner's minibatch order goes on
                 torch.save(entry["learner_rng"], t.files.rng)
         for pid, state in blob.get("frozen", {}).items():
-            self.frozen[pid].load_state_dict(state)
+            self.frozen[pid].load_state_dict(_acting(self.frozen[pid], state))
 
 
 def saved_entries(blob: dict, first: Optional[str] = None) -> Dict[Optional[str], dict]:
@@ -167,6 +170,22 @@ def saved_entries(blob: dict, first: Optional[str] = None) -> Dict[Optional[str]
 
 def _load(path: str) -> Any:
     return torch.load(path, map_location="cpu") if os.path.exists(path) else None
+
+
+def _acting(model: torch.nn.Module, state: dict) -> dict:
+    """A frozen policy's weights from ``state``: it acts and never computes a value, so the
+    value side (``ActorCritic.VALUE_SIDE``) is taken from ``state`` only where all of it fits the
+    model, else kept as it is. A snapshot of a policy trained with the other
+    ``centralized_critic`` setting, a continuous policy's beside a discrete one's run, or a
+    policy's weights without a value side then play as they did."""
+    value_side = getattr(model, "VALUE_SIDE", None)
+    if value_side is None:
+        return state
+    own = {k: v for k, v in model.state_dict().items() if k.startswith(value_side)}
+    given = {k: v for k, v in state.items() if k.startswith(value_side)}
+    if set(given) == set(own) and all(v.shape == own[k].shape for k, v in given.items()):
+        return state
+    return {**{k: v for k, v in state.items() if k not in given}, **own}
 
 
 def _check_state_dict(model: torch.nn.Module, state: dict, exact_match: bool) -> None:

@@ -14,7 +14,7 @@ from asyncrl.config import SEVERAL_AGENTS_CRITIC_DEFAULTS, with_defaults
 from asyncrl.multiagent import global_state, global_state_space
 from asyncrl.spaces import CRITIC_STATE_MAX, GLOBAL_STATE, EnvSpec
 from asyncrl.turns import TurnBasedEnv
-from test_multiagent import FAST, batches  # noqa: F401 (a fixture)
+from test_multiagent import FAST, _always, batches, hero_vs_opp  # noqa: F401 (a fixture)
 
 
 class Net(torch.nn.Module):
@@ -166,3 +166,34 @@ def test_several_agents_with_discrete_actions_get_the_critic_unless_a_custom_net
               serial_mode=True, **FAST) as model:  # per trained policy, from its actions
         assert model.trainees["disc"].config.centralized_critic
         assert not model.trainees["cont"].config.centralized_critic
+
+
+@pytest.mark.timeout(90)
+def test_a_frozen_policy_plays_weights_of_either_critic_setting():
+    """A frozen policy acts and never computes a value: weights from a model with the other
+    centralized_critic setting (an older independent snapshot in a run whose hero has the
+    critic, or the reverse) set into it, their value side left out, and play in the workers."""
+    frozen = dict(policies={"hero": None, "opp": {"frozen": True}}, policy_mapping=hero_vs_opp,
+                  serial_mode=True, **FAST)
+    with APPO(ma_envs.rps, centralized_critic=False, **frozen) as model:
+        independent = model.get_parameters()["hero"]
+    with APPO(ma_envs.rps, **frozen) as model:
+        assert model.trainees["hero"].config.centralized_critic
+        critic = model.get_parameters()["hero"]
+        own = model.get_parameters()["opp"]
+        assert critic["vf_net.0.weight"].shape != independent["vf_net.0.weight"].shape
+        rock = _always(independent, ma_envs.ROCK)
+        model.set_parameters({"opp": rock})
+        after = model.get_parameters()["opp"]
+        acting = [k for k in rock if not k.startswith(model.policy.VALUE_SIDE)]
+        assert acting and all(torch.equal(after[k], rock[k]) for k in acting)
+        assert all(torch.equal(after[k], own[k]) for k in own if k not in acting)
+        model.train(500)  # the rollout worker plays the rock it was given
+        played = model._runner.components[0].frozen["opp"].model.state_dict()
+        assert all(torch.equal(played[k], rock[k]) for k in acting)
+        with pytest.raises(ValueError, match="centralized_critic= as that model had it"):
+            model.set_parameters({"hero": independent})  # a trained policy's value side counts
+    with APPO(ma_envs.rps, centralized_critic=False, **frozen) as model:  # the reverse
+        model.set_parameters({"opp": critic})
+        after = model.get_parameters()["opp"]
+        assert all(torch.equal(after[k], critic[k]) for k in acting)
