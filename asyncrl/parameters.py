@@ -172,17 +172,14 @@ def _load(path: str) -> Any:
     return torch.load(path, map_location="cpu") if os.path.exists(path) else None
 
 
-def _acting(model: torch.nn.Module, state: dict) -> dict:
+def _acting(model: ActorCritic, state: dict) -> dict:
     """A frozen policy's weights from ``state``: it acts and never computes a value, so the
     value side (``ActorCritic.VALUE_SIDE``) is taken from ``state`` only where all of it fits the
     model, else kept as it is. A snapshot of a policy trained with the other
     ``centralized_critic`` setting, a continuous policy's beside a discrete one's run, or a
     policy's weights without a value side then play as they did."""
-    value_side = getattr(model, "VALUE_SIDE", None)
-    if value_side is None:
-        return state
-    own = {k: v for k, v in model.state_dict().items() if k.startswith(value_side)}
-    given = {k: v for k, v in state.items() if k.startswith(value_side)}
+    own = {k: v for k, v in model.state_dict().items() if k.startswith(ActorCritic.VALUE_SIDE)}
+    given = {k: v for k, v in state.items() if k.startswith(ActorCritic.VALUE_SIDE)}
     if set(given) == set(own) and all(v.shape == own[k].shape for k, v in given.items()):
         return state
     return {**{k: v for k, v in state.items() if k not in given}, **own}
