@@ -179,8 +179,8 @@ def test_a_frozen_policy_plays_weights_of_either_critic_setting():
         independent = model.get_parameters()["hero"]
     with APPO(ma_envs.rps, **frozen) as model:
         assert model.trainees["hero"].config.centralized_critic
-        critic = model.get_parameters()["hero"]
-        own = model.get_parameters()["opp"]
+        params = model.get_parameters()
+        critic, own = params["hero"], params["opp"]
         assert critic["vf_net.0.weight"].shape != independent["vf_net.0.weight"].shape
         rock = _always(independent, ma_envs.ROCK)
         model.set_parameters({"opp": rock})
