@@ -281,6 +281,20 @@ CASES: Dict[str, Case] = {
     "nasim-large-gen": Case(se.nasim_large_gen, 1_000_000, 170, "heldout9"),
     "nasim-large-gen-md": Case(se.nasim_large_gen_md, 2_000_000, 170, "heldout9"),
     "nasim-huge-gen": Case(se.nasim_huge_gen, 2_000_000, 170, "heldout9"),
+    # Held out, tenth round (2026-12-07, thirty-seventh session), targets set before any run: more
+    # of popgym's memory tasks, with a recurrent core as a user would train them, in forms the
+    # memory family lacks. PositionOnlyPendulumEasy (a continuous action with memory; target
+    # 0.87, the image of Pendulum's -200 on popgym's scale; random play 0.28), RepeatFirstEasy
+    # (the first of 51 cards, recalled at every step; target 0.9 as RepeatPrevious'; random
+    # -0.5) and CountRecallEasy (counts of two colours up to 26, a MultiDiscrete observation;
+    # random -0.91, a script that knows only the time -0.49, counting exactly 1.0; target 0.25,
+    # halfway from the timed script to counting). Random play: 30 seeded episodes.
+    "pos-pendulum": Case(se.position_only_pendulum, 1_000_000, 0.87, "heldout10",
+                         sb3="RecurrentPPO", extra=dict(use_rnn=True)),
+    "repeat-first": Case(se.repeat_first, 1_000_000, 0.9, "heldout10", sb3="RecurrentPPO",
+                         extra=dict(use_rnn=True)),
+    "count-recall": Case(se.count_recall, 1_000_000, 0.25, "heldout10", sb3="RecurrentPPO",
+                         extra=dict(use_rnn=True)),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the issue's mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -695,6 +709,7 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "heldout7": "Held out, seventh round (2026-12-06)",
             "heldout8": "Held out, eighth round (2026-12-06)",
             "heldout9": "Held out, ninth round (2026-12-07): NASim's partially observed and larger networks",
+            "heldout10": "Held out, tenth round (2026-12-07): more popgym memory tasks",
             "text": "Text observations: MiniGrid and BabyAI with their missions (2026-12-07)",
             "doom": "VizDoom"}
 

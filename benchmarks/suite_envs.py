@@ -219,6 +219,24 @@ def position_only_cartpole():
     return popgym("PositionOnlyCartPoleEasy")
 
 
+def position_only_pendulum():
+    """popgym's PositionOnlyPendulumEasy: Pendulum without its angular velocity (``cos``, ``sin``
+    of the angle), a continuous torque; popgym scales the return to [-1, 1] (a step's reward
+    ``(1 + r / 8.137) / 200`` of Pendulum's ``r``). Memory and a ``Box`` action together."""
+    return popgym("PositionOnlyPendulumEasy")
+
+
+def repeat_first():
+    return popgym("RepeatFirstEasy")
+
+
+def count_recall():
+    """popgym's CountRecallEasy: each step deals a card of two colours and names a colour, a
+    ``MultiDiscrete([2, 2])`` observation; the agent answers how many cards of the colour named
+    the step before it has seen (``Discrete(27)``), +-1/51 a step over 51 steps."""
+    return popgym("CountRecallEasy")
+
+
 def minesweeper():
     """popgym's MineSweeperEasy: a 4 x 4 board, 2 mines, ``MultiDiscrete([4, 4])`` actions (the
     cell to reveal); the observation is the revealed cell's count with the previous action
