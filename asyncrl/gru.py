@@ -31,14 +31,21 @@ def _mm(a: torch.Tensor, b: torch.Tensor, low) -> torch.Tensor:
     return a @ b if low is None else (a.to(low) @ b.to(low)).float()
 
 
-def _times(w, low) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> x @ w.t() in float32, for the many small products of a sequence: in bfloat16 with w
-    packed once (``Bfloat16Linear``), else in ``low`` with w cast once."""
+def _times(w, low, bias: Optional[torch.Tensor] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x @ w.t() (+ ``bias``, float32) in float32, for the many small products of a
+    sequence: in bfloat16 with w packed once (``Bfloat16Linear``), else in ``low`` with w cast
+    once; in float32 the bias is added by the product itself (one operation a step)."""
     if low is torch.bfloat16:
         lin = Bfloat16Linear(w)
-        return lambda x: lin(x).float()
+        if bias is None:
+            return lambda x: lin(x).float()
+        return lambda x: lin(x).float().add_(bias)
     w_t = (w if low is None else w.to(low)).t()
-    return lambda x: _mm(x, w_t, low)
+    if low is None and bias is not None:
+        return lambda x: torch.addmm(bias, x, w_t)
+    if bias is None:
+        return lambda x: _mm(x, w_t, low)
+    return lambda x: _mm(x, w_t, low).add_(bias)
 
 
 def _step_times(x: torch.Tensor, w) -> torch.Tensor:
@@ -67,50 +74,70 @@ def gru_step(x: torch.Tensor, h: torch.Tensor, w_ih, w_hh, b_ih: torch.Tensor,
 
 
 class _GRUSequence(torch.autograd.Function):
+    # Each step is a handful of small operations on a few rows, whose cost is their dispatch
+    # (a few microseconds each), not their arithmetic: the steps write into preallocated
+    # per-step views (``unbind``), and the backward pass's local derivatives of the gates are
+    # computed for all steps at once before it walks them, leaving seven operations a step.
     @staticmethod
     def forward(ctx, x, state, keep, w_ih, w_hh, b_ih, b_hh, low):
         T, B, _ = x.shape
         H = state.shape[-1]
-        hh = _times(w_hh, low)
+        hh = _times(w_hh, low, b_hh)
         gi = (_mm(x.reshape(T * B, -1), w_ih.t(), low) + b_ih).view(T, B, 3 * H)
         out = x.new_empty(T, B, H)
         h_in = x.new_empty(T, B, H)  # each step's input state (after the episode-start zeroing)
-        gates = x.new_empty(T, B, 3 * H)  # r, z, n after their nonlinearity
-        gh_n = x.new_empty(T, B, H)  # W_hn h + b_hn, which r multiplies
+        rz = x.new_empty(T, B, 2 * H)  # r and z after their sigmoid
+        n = x.new_empty(T, B, H)  # n after its tanh
+        gh_n = []  # each step's W_hn h + b_hn, which r multiplies
         h = state
-        for t in range(T):
-            h = torch.mul(h, keep[t], out=h_in[t])
-            gh = hh(h).add_(b_hh)
-            gh_n[t] = gh[:, 2 * H:]
-            rz, n, h = _cell(gi[t], gh, h)
-            gates[t, :, :2 * H], gates[t, :, 2 * H:], out[t] = rz, n, h
+        for gi_rz, gi_n, keep_t, h_in_t, rz_t, r_t, z_t, n_t, out_t in zip(
+                gi[..., :2 * H].unbind(0), gi[..., 2 * H:].unbind(0), keep.unbind(0),
+                h_in.unbind(0), rz.unbind(0), rz[..., :H].unbind(0), rz[..., H:].unbind(0),
+                n.unbind(0), out.unbind(0)):
+            h = torch.mul(h, keep_t, out=h_in_t)
+            gh_rz, gh_n_t = hh(h).split([2 * H, H], 1)
+            torch.add(gi_rz, gh_rz, out=rz_t).sigmoid_()
+            torch.addcmul(gi_n, r_t, gh_n_t, out=n_t).tanh_()
+            h = torch.addcmul(n_t, z_t, h - n_t, out=out_t)  # (1 - z) n + z h
+            gh_n.append(gh_n_t)
         ctx.low = low
-        ctx.save_for_backward(x, keep, w_ih, w_hh, h_in, gates, gh_n)
+        ctx.save_for_backward(x, keep, w_ih, w_hh, h_in, rz, n, torch.stack(gh_n))
         return out, h
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out, d_last):
-        x, keep, w_ih, w_hh, h_in, gates, gh_n = ctx.saved_tensors
+        x, keep, w_ih, w_hh, h_in, rz, n, gh_n = ctx.saved_tensors
         low = ctx.low
         T, B, H = h_in.shape
+        r, z = rz[..., :H], rz[..., H:]
+        # the local derivatives, all steps at once: of h' by n's pre-activation, of that by r's
+        # pre-activation, and of h' by z's pre-activation
+        by_n = (1 - z) * (1 - n * n)
+        by_r = gh_n * r * (1 - r)
+        by_z = (h_in - n) * z * (1 - z)
         hh_t = _times(w_hh.t(), low)  # the state's gradient: d_gh @ w_hh
-        d_gi = x.new_empty(T, B, 3 * H)  # the gradients of the gates' pre-activations, input side
-        d_gh = x.new_empty(T, B, 3 * H)  # and state side (they differ only in n's)
+        # the gradients of the gates' pre-activations, state side (r, z, n); the input side's
+        # differ only in n's (d_in_n)
+        d_gh = x.new_empty(T, B, 3 * H)
+        d_in_n = x.new_empty(T, B, H)
         dh = d_last.clone() if d_last is not None else x.new_zeros(B, H)
-        for t in reversed(range(T)):
-            if d_out is not None:
-                dh = dh + d_out[t]
-            g = gates[t]
-            r, z, n = g[:, :H], g[:, H:2 * H], g[:, 2 * H:]
-            da_n = dh * (1 - z) * (1 - n * n)
-            d_gi[t, :, 2 * H:] = da_n
-            d_gh[t, :, 2 * H:] = da_n * r
-            d_gi[t, :, :H] = da_n * gh_n[t] * r * (1 - r)
-            d_gi[t, :, H:2 * H] = dh * (h_in[t] - n) * z * (1 - z)
-            d_gh[t, :, :2 * H] = d_gi[t, :, :2 * H]
-            dh = (hh_t(d_gh[t]) + dh * z) * keep[t]
-        d_gi_flat, d_gh_flat = d_gi.view(T * B, 3 * H), d_gh.view(T * B, 3 * H)
+        d_outs = [None] * T if d_out is None else d_out.unbind(0)
+        steps = zip(d_outs, by_n.unbind(0), by_r.unbind(0), by_z.unbind(0), r.unbind(0),
+                    z.unbind(0), keep.unbind(0), d_gh.unbind(0), d_gh[..., :H].unbind(0),
+                    d_gh[..., H:2 * H].unbind(0), d_gh[..., 2 * H:].unbind(0),
+                    d_in_n.unbind(0))
+        for d_out_t, by_n_t, by_r_t, by_z_t, r_t, z_t, keep_t, d_gh_t, d_r, d_z, d_hn, d_in_t \
+                in reversed(list(steps)):
+            if d_out_t is not None:
+                dh.add_(d_out_t)
+            da_n = torch.mul(dh, by_n_t, out=d_in_t)
+            torch.mul(da_n, by_r_t, out=d_r)
+            torch.mul(dh, by_z_t, out=d_z)
+            torch.mul(da_n, r_t, out=d_hn)
+            dh = hh_t(d_gh_t).addcmul_(dh, z_t).mul_(keep_t)
+        d_gh_flat = d_gh.view(T * B, 3 * H)
+        d_gi_flat = torch.cat([d_gh[..., :2 * H], d_in_n], -1).view(T * B, 3 * H)
         x_flat = x.reshape(T * B, -1)
         d_x = _mm(d_gi_flat, w_ih, low).view(x.shape) if ctx.needs_input_grad[0] else None
         return (d_x, dh, None, _mm(d_gi_flat.t(), x_flat, low),
