@@ -299,10 +299,12 @@ def _large_image(space: gym.Space) -> bool:
 def sb3_view(env: gym.Env) -> gym.Env:
     """``env`` as SB3's ``PPO`` can take it: ``Tuple`` observations and ``Dict`` ones without a
     large image (MiniGrid's 7 x 7 grid) flattened to one vector (Discrete parts one-hot), a
-    ``Dict`` with one (VizDoom's screen) left to SB3's ``MultiInputPolicy``; ``Discrete`` actions
-    as ints; others unchanged."""
+    ``Dict`` with one (VizDoom's screen) left to SB3's ``MultiInputPolicy``; a ``MultiDiscrete``
+    observation one-hot per dimension, as SB3 encodes it (sb3-contrib's ``RecurrentPPO`` takes no
+    ``MultiDiscrete`` observation with torch 2.13: its LSTM's ``input_size`` comes out a numpy
+    int64, a TypeError); ``Discrete`` actions as ints; others unchanged."""
     space = env.observation_space
-    if isinstance(space, gym.spaces.Tuple) or (
+    if isinstance(space, (gym.spaces.Tuple, gym.spaces.MultiDiscrete)) or (
             isinstance(space, gym.spaces.Dict) and not any(map(_large_image, space.values()))):
         env = gym.wrappers.FlattenObservation(env)
     if isinstance(env.action_space, gym.spaces.Discrete):
