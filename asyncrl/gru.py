@@ -77,7 +77,7 @@ class _GRUSequence(torch.autograd.Function):
     # Each step is a handful of small operations on a few rows, whose cost is their dispatch
     # (a few microseconds each), not their arithmetic: the steps write into preallocated
     # per-step views (``unbind``), and the backward pass's local derivatives of the gates are
-    # computed for all steps at once before it walks them, leaving seven operations a step.
+    # computed for all steps at once before it walks them, leaving eight operations a step.
     @staticmethod
     def forward(ctx, x, state, keep, w_ih, w_hh, b_ih, b_hh, low):
         T, B, _ = x.shape

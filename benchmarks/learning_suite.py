@@ -284,11 +284,12 @@ CASES: Dict[str, Case] = {
     # Held out, tenth round (2026-12-07, thirty-seventh session), targets set before any run: more
     # of popgym's memory tasks, with a recurrent core as a user would train them, in forms the
     # memory family lacks. PositionOnlyPendulumEasy (a continuous action with memory; target
-    # 0.87, the image of Pendulum's -200 on popgym's scale; random play 0.28), RepeatFirstEasy
+    # 0.87, the image of Pendulum's -200 on popgym's scale; random play 0.29), RepeatFirstEasy
     # (the first of 51 cards, recalled at every step; target 0.9 as RepeatPrevious'; random
-    # -0.5) and CountRecallEasy (counts of two colours up to 26, a MultiDiscrete observation;
-    # random -0.91, a script that knows only the time -0.49, counting exactly 1.0; target 0.25,
-    # halfway from the timed script to counting). Random play: 30 seeded episodes.
+    # -0.51) and CountRecallEasy (counts of two colours up to 26, a MultiDiscrete observation;
+    # random -0.92, a script that knows only the time -0.49 over 200 episodes, counting exactly
+    # 1.0; target 0.25, halfway from the timed script to counting). Random play: 10 seeded
+    # episodes (benchmarks/reference_scores.py).
     "pos-pendulum": Case(se.position_only_pendulum, 1_000_000, 0.87, "heldout10",
                          sb3="RecurrentPPO", extra=dict(use_rnn=True)),
     "repeat-first": Case(se.repeat_first, 1_000_000, 0.9, "heldout10", sb3="RecurrentPPO",
