@@ -296,6 +296,15 @@ CASES: Dict[str, Case] = {
                          extra=dict(use_rnn=True)),
     "count-recall": Case(se.count_recall, 1_000_000, 0.25, "heldout10", sb3="RecurrentPPO",
                          extra=dict(use_rnn=True)),
+    # Held out, eleventh round (2026-12-07, thirty-eighth session), target set before any run:
+    # PettingZoo's SISL pursuit, a cooperative task of eight agents (one shared policy) whose
+    # observation is a small image of float counts, Box(0, 30, (7, 7, 3)), not MiniGrid's
+    # Dict of ids; 2M agent steps (250k env steps, 500 an episode). The mean agent's return over
+    # 10 seeded episodes (benchmarks/reference_scores.py): random play -46.1, keeping still
+    # -47.0, a script that steps toward the nearest evader in view and stays beside it -32.4.
+    # The target, -32, asks for the script's score: a surround needs every open cell beside
+    # an evader held at once, which the script leaves to chance.
+    "pursuit": Case(se.pursuit, 2_000_000, -32, "heldout11"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -711,6 +720,7 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "heldout8": "Held out, eighth round (2026-12-06)",
             "heldout9": "Held out, ninth round (2026-12-07): NASim's partially observed and larger networks",
             "heldout10": "Held out, tenth round (2026-12-07): more popgym memory tasks",
+            "heldout11": "Held out, eleventh round (2026-12-07): cooperative pursuit, eight agents",
             "text": "Text observations: MiniGrid and BabyAI with their missions (2026-12-07)",
             "doom": "VizDoom"}
 

@@ -65,8 +65,42 @@ def reference_talk(obs, space, rng) -> int:
     return move + 5 * word
 
 
+# pursuit's observation is (y, x, channel) around the pursuer at (3, 3): walls (and the window's
+# outside) in channel 0, pursuers in 1 (itself included), evaders in 2; its moves: 0 x - 1,
+# 1 x + 1, 2 y + 1, 3 y - 1, 4 stay
+PURSUIT_MOVES = np.array([[0, -1], [0, 1], [1, 0], [-1, 0], [0, 0]])  # (dy, dx) of each move
+
+
+def _pursuit_step_to(obs, goal, rng) -> int:
+    """The move that brings the pursuer nearest ``goal`` (a window cell), ties broken at random,
+    into no wall."""
+    best, moves = None, []
+    for a, (dy, dx) in enumerate(PURSUIT_MOVES):
+        y, x = 3 + dy, 3 + dx
+        if obs[y, x, 0] > 0:
+            continue
+        d = abs(goal[0] - y) + abs(goal[1] - x)
+        if best is None or d < best:
+            best, moves = d, [a]
+        elif d == best:
+            moves.append(a)
+    return int(rng.choice(moves)) if moves else 4
+
+
+def pursuit_chase(obs, space, rng) -> int:
+    """Steps toward the nearest evader in view, stays once beside it; at random with none."""
+    ys, xs = np.nonzero(obs[:, :, 2])
+    if not len(ys):
+        return int(rng.integers(4))
+    i = np.argmin(np.abs(ys - 3) + np.abs(xs - 3))
+    if abs(ys[i] - 3) + abs(xs[i] - 3) <= 1:
+        return 4
+    return _pursuit_step_to(obs, (ys[i], xs[i]), rng)
+
+
 SCRIPTED: Dict[str, Dict[str, Policy]] = {
     "simple-reference": {"centre, no word": reference_centre, "names the goal": reference_talk},
+    "pursuit": {"chases the nearest evader": pursuit_chase},
 }
 
 

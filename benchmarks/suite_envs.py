@@ -282,6 +282,16 @@ def multiwalker():
     return multiwalker_v9.parallel_env()
 
 
+def pursuit():
+    """PettingZoo's SISL pursuit: eight pursuers sharing one policy chase 30 randomly moving
+    evaders on a 16 x 16 grid (500 steps, or until every evader is caught). Each sees a 7 x 7
+    window around it as a ``Box(0, 30, (7, 7, 3))`` of float counts (walls, pursuers, evaders),
+    moves one of ``Discrete(5)``; an evader surrounded is removed, paying 5 to each pursuer around
+    it, a touch pays 0.01, every step costs 0.1, the reward shared among the pursuers."""
+    from pettingzoo.sisl import pursuit_v5
+    return pursuit_v5.parallel_env()
+
+
 class IntAction(gym.ActionWrapper):
     """A ``Discrete`` action as a Python int (SB3 steps envs with numpy integers, which NASim's
     flat action space refuses)."""
