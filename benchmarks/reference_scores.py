@@ -73,18 +73,10 @@ PURSUIT_MOVES = np.array([[0, -1], [0, 1], [1, 0], [-1, 0], [0, 0]])  # (dy, dx)
 
 def _pursuit_step_to(obs, goal, rng) -> int:
     """The move that brings the pursuer nearest ``goal`` (a window cell), ties broken at random,
-    into no wall."""
-    best, moves = None, []
-    for a, (dy, dx) in enumerate(PURSUIT_MOVES):
-        y, x = 3 + dy, 3 + dx
-        if obs[y, x, 0] > 0:
-            continue
-        d = abs(goal[0] - y) + abs(goal[1] - x)
-        if best is None or d < best:
-            best, moves = d, [a]
-        elif d == best:
-            moves.append(a)
-    return int(rng.choice(moves)) if moves else 4
+    into no wall (staying, on its own cell, is always open)."""
+    cells = 3 + PURSUIT_MOVES
+    d = np.abs(cells - goal).sum(1) + np.where(obs[cells[:, 0], cells[:, 1], 0] > 0, 1 << 20, 0)
+    return int(rng.choice(np.flatnonzero(d == d.min())))
 
 
 def pursuit_chase(obs, space, rng) -> int:
@@ -92,10 +84,9 @@ def pursuit_chase(obs, space, rng) -> int:
     ys, xs = np.nonzero(obs[:, :, 2])
     if not len(ys):
         return int(rng.integers(4))
-    i = np.argmin(np.abs(ys - 3) + np.abs(xs - 3))
-    if abs(ys[i] - 3) + abs(xs[i] - 3) <= 1:
-        return 4
-    return _pursuit_step_to(obs, (ys[i], xs[i]), rng)
+    d = np.abs(ys - 3) + np.abs(xs - 3)
+    i = np.argmin(d)
+    return 4 if d[i] <= 1 else _pursuit_step_to(obs, (ys[i], xs[i]), rng)
 
 
 SCRIPTED: Dict[str, Dict[str, Policy]] = {
