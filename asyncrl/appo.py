@@ -93,7 +93,11 @@ class APPO:
         ``{policy id: fn(obs) -> action}`` for rule-based ones; frozen and rule-based ones run in
         the rollout workers. Several trained policies each get their own learner; one trained
         policy's overrides are the run's settings, several's may set any field but
-        ``GRAPH_FIELDS``. None: every agent plays one shared policy, ``"policy"``.
+        ``GRAPH_FIELDS``. None (with no ``policy_mapping``): agents of the same spaces share
+        one trained policy, ``"policy"`` where all do; agents whose spaces differ (a speaker
+        and a listener, adversaries and good agents) train one policy per pair of spaces, named
+        by their agents' names before ``_<n>`` (``"speaker"``, ``"listener"``); ``model.policies``
+        and ``model.policy_mapping`` then show what was derived.
     :param policy_mapping: ``fn(agent_id)`` (fixed) or ``fn(agent_id, episode_idx)`` returning
         the policy id an agent plays, called when the agent first appears in an episode;
         lambdas and closures are fine (cloudpickle).
@@ -114,7 +118,9 @@ class APPO:
                  **kwargs: Unpack[ConfigKwargs]):
         probed = probe_env(make_env_factory(env, env_kwargs), policies, policy_mapping)
         self.env_factory = probed.factory
-        self.agents, self.policies, self.policy_mapping = probed.agents, policies, policy_mapping
+        # the caller's policies and mapping, or those the agents' spaces imply (policies_by_space)
+        self.agents, self.policies = probed.agents, probed.policies
+        self.policy_mapping = probed.policy_mapping
         trained = dict(probed.trained)  # id -> (spec, overrides); the first is the model's policy
         self.policy_id = next(iter(trained))
         env_spec, first_overrides = trained[self.policy_id]

@@ -12,7 +12,7 @@ from . import pickling
 from .config import ConfigError
 from .distributions import make_distribution
 from .multiagent import (DEFAULT_POLICY, AgentLayout, agents_of, build_layout, global_state_space,
-                         is_parallel_env)
+                         is_parallel_env, policies_by_space)
 from .spaces import MASK_KEY, EnvSpec, check_mask, detect_mask_source, read_mask
 from .turns import TurnBased, TurnBasedEnv, is_aec_env, movers
 
@@ -87,11 +87,14 @@ class Probed(NamedTuple):
     (``policies[id]`` as a dict))}, in order (a single-agent env: the env's spec under
     ``"policy"``), and for a multi-agent env the agent layout and {frozen policy id: (spec,
     overrides)}; ``factory``: the one to build envs with (a turn-based game's wraps the user's,
-    see turns)."""
+    see turns); ``policies`` and ``policy_mapping``: the caller's, or those derived from the
+    agents' spaces where the caller gave neither (``multiagent.policies_by_space``)."""
     trained: Dict[str, Tuple[EnvSpec, dict]]
     factory: Callable
     agents: Optional[AgentLayout] = None
     frozen: Dict[str, Tuple[EnvSpec, dict]] = {}
+    policies: Optional[dict] = None
+    policy_mapping: Optional[Callable] = None
 
 
 def probe_env(factory: Callable, policies: Optional[dict] = None,
@@ -121,6 +124,8 @@ def probe_env(factory: Callable, policies: Optional[dict] = None,
             return Probed({DEFAULT_POLICY: (_checked_spec(env, env.observation_space,
                                                           env.action_space, source, obs, info), {})},
                           factory)
+        if policies is None and policy_mapping is None:
+            policies, policy_mapping = policies_by_space(env)
         layout, spaces = build_layout(env, policies, policy_mapping)
         observations, infos = env.reset(seed=0)
         specs = {}
@@ -136,7 +141,7 @@ def probe_env(factory: Callable, policies: Optional[dict] = None,
                                  obs, info, moves=agent in movers(env))
             specs[pid] = (spec, overrides)
         return Probed({pid: specs[pid] for pid in layout.trained}, factory, layout,
-                      {pid: specs[pid] for pid in layout.frozen})
+                      {pid: specs[pid] for pid in layout.frozen}, policies, policy_mapping)
     finally:
         env.close()
 
@@ -155,6 +160,13 @@ def _checked_spec(env, obs_space: gym.Space, act_space: gym.Space, source: Optio
         raise ConfigError(
             f"the env's first observation ({_describe(obs)}) does not lie in its declared "
             f"observation_space {obs_space}; fix the env's observation_space or its reset()")
+    if source == "obs":  # the declared size, whether or not this agent moves now
+        declared = getattr(obs_space.spaces[MASK_KEY], "shape", None)
+        if declared is None or int(np.prod(declared)) != spec.mask_size:
+            raise ConfigError(f'the observation space\'s "{MASK_KEY}" is '
+                              f"{obs_space.spaces[MASK_KEY]}, but the action space {act_space} "
+                              f"needs {spec.mask_size} entries; fix the env's observation_space "
+                              "(one entry per action)")
     if source is not None and moves:
         check_mask(read_mask(env, source, obs, info), spec.mask_size, source, act_space)
     return spec

@@ -15,12 +15,17 @@ pass per group step (see agent_lanes, where the rollout worker steps these envs)
 agent first appears in an episode; with one argument it is taken to be fixed, and an env has as
 many lanes of a trained policy as agents it maps there; with two, as many as it has agents,
 unless the policy's ``agents_per_env`` says fewer play it at once (self-play: 1).
+
+With neither ``policies`` nor a mapping, agents of the same spaces share one trained policy, and
+agents whose spaces differ (a speaker and a listener, adversaries and the agents they chase)
+train one policy per pair of spaces (``policies_by_space``).
 """
 from __future__ import annotations
 
 import inspect
+import re
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -162,6 +167,57 @@ def agents_of(layout: AgentLayout, pid: str) -> List[str]:
     if layout.arity == 1:
         return [a for a in layout.possible_agents if layout.policy_of(a, 0) == pid]
     return list(layout.possible_agents)
+
+
+class SpaceGroups:
+    """The mapping ``policies_by_space`` derives: each agent plays the policy of its pair of
+    spaces (fixed; a plain class, so that a saved model's mapping loads anywhere)."""
+
+    def __init__(self, policy_of: Dict[str, str]):
+        self.policy_of = dict(policy_of)
+
+    def __call__(self, agent: str) -> str:
+        return self.policy_of[agent]
+
+    def __repr__(self) -> str:
+        return f"SpaceGroups({self.policy_of!r})"
+
+
+def policies_by_space(env: Any) -> Tuple[Optional[dict], Optional[SpaceGroups]]:
+    """The policies of a multi-agent env given none: ``(None, None)`` (one shared policy) where
+    every possible agent has the same observation and action spaces, else one trained policy
+    per pair of spaces, in the order of ``possible_agents``, named by its agents' common name
+    before a trailing ``_<n>`` (PettingZoo's ``speaker_0``, ``adversary_2``), and the mapping
+    that sends each agent to it."""
+    groups: List[Tuple[gym.Space, gym.Space, List[str]]] = []
+    for a in env.possible_agents:
+        obs_space, act_space = env.observation_space(a), env.action_space(a)
+        for g_obs, g_act, members in groups:
+            if _same_space(g_obs, obs_space) and _same_space(g_act, act_space):
+                members.append(a)
+                break
+        else:
+            groups.append((obs_space, act_space, [a]))
+    if len(groups) < 2:
+        return None, None
+    if len(groups) > MAX_TRAINED_POLICIES:
+        raise ConfigError(f"the env's agents have {len(groups)} different pairs of spaces, a trained "
+                          f"policy each by default, and at most {MAX_TRAINED_POLICIES} can be trained "
+                          "in one run: pass policies= and policy_mapping= (agents that play one "
+                          "policy must share its spaces)")
+
+    def common(names: List[str]) -> str:  # '' where they differ
+        found = {re.sub(r"[./]", "_", str(n)) for n in names}
+        return found.pop() if len(found) == 1 else ""
+
+    ids = [common([re.sub(r"_\d+$", "", str(a)) for a in members]) for _, _, members in groups]
+    if len(set(ids)) < len(ids):  # stems shared across groups: the agents' own names
+        ids = [common(members) for _, _, members in groups]
+    ids = [pid if pid and ids.count(pid) == 1 else f"policy_{k}" for k, pid in enumerate(ids)]
+    if len(set(ids)) < len(ids):  # a name that was itself "policy_<k>"
+        ids = [f"policy_{k}" for k in range(len(ids))]
+    return ({pid: None for pid in ids},
+            SpaceGroups({a: pid for pid, (_, _, members) in zip(ids, groups) for a in members}))
 
 
 def build_layout(env: Any, policies: Optional[dict], policy_mapping: Optional[Callable]):

@@ -2,6 +2,7 @@
 ones, the mapping (fixed or per episode), agents that leave mid-episode, different spaces per
 policy, parameters keyed by policy id, env crashes and clean shutdown."""
 import os
+import pickle
 import signal
 import threading
 
@@ -12,6 +13,7 @@ import torch
 import ma_envs
 from asyncrl import APPO, Config, ConfigError, SelfPlay
 from asyncrl.learner import Learner
+from asyncrl.multiagent import policies_by_space
 from test_checkpoints import adam_steps
 from test_multiprocess import worker_children
 
@@ -143,8 +145,10 @@ def test_more_agents_of_the_trained_policy_than_lanes_is_a_clear_error():
 
 @pytest.mark.timeout(60)
 def test_agents_with_different_spaces_map_to_different_policies():
-    with pytest.raises(ConfigError, match="spaces differ"):
-        APPO(ma_envs.two_shapes, serial_mode=True, **FAST)
+    with pytest.raises(ConfigError, match="'small' and 'big' both may play policy 'shared' but "
+                                          "their observation spaces differ"):
+        APPO(ma_envs.two_shapes, policies={"shared": None}, policy_mapping=lambda agent: "shared",
+             serial_mode=True, **FAST)
     small_only = lambda agent: "learner" if agent == "small" else "fixed"  # noqa: E731
     with APPO(ma_envs.two_shapes, policies={"learner": {"learning_rate": 1e-3}, "fixed": lambda obs: 3},
               policy_mapping=small_only, serial_mode=True, **FAST) as model:
@@ -394,6 +398,53 @@ def test_two_trained_policies_with_their_own_spaces_and_settings_learn_at_once()
     # several trained policies: each one's stats under its id, none unprefixed
     assert set(logged) == {"small/", "big/"} and logged["big/"]["learning_rate"] == 2e-3
     assert {"rollout/big/ep_rew_mean", "time/small/fps", "time/big/fps"} <= set(scalars)
+
+
+@pytest.mark.timeout(90)
+def test_agents_of_different_spaces_given_no_policies_train_one_policy_per_pair_of_spaces(tmp_path):
+    """No policies=: "small" and "big" (their own spaces) each get a trained policy named after
+    them, both learn, and a saved model loads with the same policies and mapping."""
+    with APPO(ma_envs.cues, serial_mode=True, **FAST) as model:
+        assert model.policies == {"small": None, "big": None} and list(model.trainees) == ["small", "big"]
+        assert [model.policy_mapping(a) for a in ("small", "big")] == ["small", "big"]
+        assert model.policy_id == "small" and model.action_space.n == 2
+        model.train(6_000)
+        after = {pid: model.evaluate(40, seed=0, policy_id=pid)[0] for pid in ("small", "big")}
+        model.save(tmp_path / "cues.pt")
+    assert after["small"] > 3.8 and after["big"] > 3.8  # random play: 2 and 1
+    loaded = APPO.load(tmp_path / "cues.pt")
+    try:
+        assert loaded.policies == {"small": None, "big": None}
+        assert loaded.agents.policy_of("big", 0) == "big"
+        assert loaded.evaluate(10, seed=0, policy_id="big")[0] > 3.8
+    finally:
+        loaded.close()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("names, ids", [
+    (["speaker_0", "listener_0"], ["speaker", "listener"]),          # MPE2's simple_speaker_listener
+    (["adversary_0", "adversary_1", "agent_0"], ["adversary", "agent"]),  # simple_tag's teams
+    (["player_0", "player_1"], ["player_0", "player_1"]),            # one stem, two pairs of spaces
+    (["a.b", "a/c"], ["a_b", "a_c"]),                                # separators of parameter keys
+])
+def test_policies_derived_from_spaces_are_named_after_their_agents(names, ids):
+    big = {names[-1]}  # the last agent has spaces of its own
+
+    class Named(ma_envs.TwoShapes):
+        possible_agents = names
+
+        def observation_space(self, agent):
+            return super().observation_space("big" if agent in big else "small")
+
+        def action_space(self, agent):
+            return super().action_space("big" if agent in big else "small")
+
+    policies, mapping = policies_by_space(Named())
+    assert list(policies) == ids and all(v is None for v in policies.values())
+    assert [mapping(a) for a in names] == [ids[0]] * (len(names) - 1) + [ids[-1]]
+    assert pickle.loads(pickle.dumps(mapping))(names[-1]) == ids[-1]  # saved models load it
+    assert policies_by_space(ma_envs.rps()) == (None, None)  # one pair of spaces: one policy
 
 
 @pytest.mark.timeout(30)

@@ -2,6 +2,7 @@
 credited to it until its next move, masks come from the observation, rows without a move train
 the value and not the policy, and the multi-agent paths (shared policy, rule-based opponents,
 evaluate, predict) work as for ParallelEnvs."""
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -122,16 +123,50 @@ def test_a_rule_based_opponent_moves_only_on_its_turn():
         assert reward == 1.0 and terminated
 
 
+class Uneven(ma_envs.Signal):
+    """Signal with a fourth move, never legal, for player_1 (its mask one entry longer)."""
+
+    def observation_space(self, agent):
+        space = super().observation_space(agent)
+        if agent == "player_0":
+            return space
+        return gym.spaces.Dict({**space.spaces, "action_mask": gym.spaces.Box(0, 1, (4,), np.int8)})
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(3 if agent == "player_0" else 4)
+
+    def observe(self, agent):
+        obs = super().observe(agent)
+        if agent == "player_1":
+            obs["action_mask"] = np.append(obs["action_mask"], np.int8(0))
+        return obs
+
+
+@pytest.mark.timeout(30)
+def test_a_mask_declared_shorter_than_the_action_space_is_a_clear_error_for_every_seat():
+    class Short(Uneven):  # player_1's mask of 3 entries for its 4 moves, and it does not move first
+        observation_space = ma_envs.Signal.observation_space
+        observe = ma_envs.Signal.observe
+
+    with pytest.raises(ConfigError, match='"action_mask" is Box.*needs 4 entries'):
+        APPO(Short, serial_mode=True, **FAST)
+
+
 @pytest.mark.timeout(30)
 def test_a_turn_based_game_whose_seats_differ_under_one_policy_is_a_clear_error():
-    class Uneven(ma_envs.Signal):
-        def action_space(self, agent):
-            import gymnasium as gym
-            return gym.spaces.Discrete(3 if agent == "player_0" else 4)
-
     with pytest.raises(ConfigError, match="'player_0' and 'player_1' both may play policy "
-                                          "'policy' but their action spaces differ"):
-        APPO(Uneven, serial_mode=True, **FAST)
+                                          "'policy' but their observation spaces differ"):
+        APPO(Uneven, policies={"policy": None}, policy_mapping=lambda agent: "policy",
+             serial_mode=True, **FAST)
+
+
+@pytest.mark.timeout(60)
+def test_a_turn_based_game_whose_seats_differ_trains_a_policy_per_seat_by_default():
+    with APPO(Uneven, serial_mode=True, **FAST) as model:
+        assert list(model.trainees) == ["player_0", "player_1"]
+        assert model.get_parameters()["player_1"]["action_head.weight"].shape[0] == 4
+        model.train(500)
+        assert model.trainees["player_1"].num_timesteps >= 500
 
 
 @pytest.mark.timeout(60)
