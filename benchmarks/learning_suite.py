@@ -305,6 +305,17 @@ CASES: Dict[str, Case] = {
     # The target, -32, asks for the script's score: a surround needs every open cell beside
     # an evader held at once, which the script leaves to chance.
     "pursuit": Case(se.pursuit, 2_000_000, -32, "heldout11"),
+    # MPE2's simple_speaker_listener as it comes (2026-12-07, thirty-ninth session, target set
+    # before this case's runs; the speaker and listener were measured before with the policies
+    # given by hand, docs/guides/multi-agent.md, so not a held-out env): agents of different
+    # spaces, a policy each by default since this session; the budget counts each policy's
+    # agent steps (1M env steps; SB3's shared policy, seeing both agents padded to one pair of
+    # spaces, trains on 2M agent steps). The mean agent's return over 20 seeded episodes
+    # (benchmarks/reference_scores.py): random play -54.1, keeping still -44.8, a mute speaker
+    # with a listener that goes to the landmarks' centre -19.7, a speaker that names the goal
+    # and a listener that goes where it is told -10.4. A listener trained beside a mute speaker
+    # ended at -16.5 (the guide's figure, 100 episodes); the target, -14, asks for words.
+    "speaker-listener": Case(se.speaker_listener, 1_000_000, -14, "multiagent"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the issue's mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -437,12 +448,17 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
     curve: List[list] = []
     t0 = time.perf_counter()
 
+    # a multi-agent budget counts the agent steps of asyncrl's model's policy; SB3's one policy
+    # plays every agent, so it takes per_step of its own steps to each of those
+    per_step = sb3_steps_per_policy_step(case.env) if is_multi_agent(case.env) else 1
+
     class Record(BaseCallback):
         def _on_step(self) -> bool:
             if self.num_timesteps % 1000 < self.training_env.num_envs:
                 buf = self.model.ep_info_buffer
                 ret = float(np.mean([e["r"] for e in buf])) if buf else float("nan")
-                curve.append([self.num_timesteps, time.perf_counter() - t0, ret, len(buf)])
+                curve.append([int(self.num_timesteps / per_step), time.perf_counter() - t0, ret,
+                              len(buf)])
             return True
 
     wrapper_name = hyper.pop("env_wrapper", None)  # a factory's env only (an id's: asyncrl's)
@@ -482,13 +498,14 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
             "CnnPolicy" if images else "MlpPolicy")
     model = Algo(hyper.pop("policy", policy), env, seed=seed, device="cpu", verbose=0, **hyper)
     try:
-        model.learn(case.steps, callback=Record())
+        model.learn(int(case.steps * per_step), callback=Record())
     finally:  # SB3 made a log folder (/tmp/SB3-<date>) that nobody reads: not left behind
         if model.logger is not None and model.logger.get_dir():
             shutil.rmtree(model.logger.get_dir(), ignore_errors=True)
     wall = time.perf_counter() - t0
     obs_fn = env.normalize_obs if normalize is not None else None  # its statistics, frozen now
-    play, make_eval = (sb3_eval_parallel, case.env) if multi_agent else (sb3_eval_returns, make)
+    play, make_eval = ((sb3_eval_parallel, functools.partial(sb3_parallel_env, case)) if multi_agent
+                       else (sb3_eval_returns, make))
     returns = play(model, make_eval(), eval_episodes(case), obs_fn=obs_fn)
     mean, std = float(np.mean(returns)), float(np.std(returns))
     sampled = float(np.mean(play(model, make_eval(), eval_episodes(case), deterministic=False,
@@ -535,6 +552,35 @@ def is_multi_agent(factory: Any) -> bool:
         env.close()
 
 
+def sb3_steps_per_policy_step(factory: Any) -> float:
+    """SB3's agent steps (every agent's) per agent step of asyncrl's model's policy: 1 where
+    the agents share one policy, else all agents over those of the first pair of spaces
+    (``asyncrl.multiagent.policies_by_space``)."""
+    from asyncrl.multiagent import policies_by_space
+    env = factory()
+    try:
+        policies, mapping = policies_by_space(env)
+        if mapping is None:
+            return 1
+        first = sum(mapping(a) == next(iter(policies)) for a in env.possible_agents)
+        return len(env.possible_agents) / first
+    finally:
+        env.close()
+
+
+def sb3_parallel_env(case: Case):
+    """The case's ``ParallelEnv`` as SB3's shared policy sees it: agents of different spaces
+    padded to one pair (SuperSuit's ``pad_observations_v0``, ``pad_action_space_v0``: zeros
+    appended, an action beyond an agent's own space taken as its action 0), as PettingZoo's
+    docs have SB3 train such an env."""
+    from asyncrl.multiagent import policies_by_space
+    env = case.env()
+    if policies_by_space(env)[1] is None:  # one pair of spaces
+        return env
+    import supersuit as ss
+    return ss.pad_action_space_v0(ss.pad_observations_v0(env))
+
+
 def sb3_shared_policy_env(case: Case, copies: int, seed: int):
     """A PettingZoo ``ParallelEnv`` for SB3's ``PPO`` as PettingZoo's own SB3 tutorial trains
     one: SuperSuit makes each agent an env of a vector env (``pip install supersuit``), so one
@@ -546,7 +592,7 @@ def sb3_shared_policy_env(case: Case, copies: int, seed: int):
         raise SystemExit("SB3's multi-agent runs make each agent an env with SuperSuit, as "
                          "PettingZoo's SB3 tutorial does: pip install supersuit") from None
     from stable_baselines3.common.vec_env import VecMonitor
-    env = ss.pettingzoo_env_to_vec_env_v1(case.env())
+    env = ss.pettingzoo_env_to_vec_env_v1(sb3_parallel_env(case))
     env = ss.concat_vec_envs_v1(env, copies, num_cpus=1, base_class="stable_baselines3")
     # SuperSuit's vector env seeds at a reset and has no seed(), which SB3 calls with its seed:
     # seeded here once (later resets go on from the envs' seeded generators), seed() a no-op

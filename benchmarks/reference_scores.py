@@ -65,6 +65,24 @@ def reference_talk(obs, space, rng) -> int:
     return move + 5 * word
 
 
+# simple_speaker_listener: the speaker sees the goal's colour (3; landmark i's is 0.65 in channel
+# i) and says one of three words; the listener sees its velocity (2), the three landmarks
+# relative to it (6) and the word heard (3, one-hot once said), and moves as simple_reference's
+def speaker_listener_mute(obs, space, rng) -> int:
+    """The speaker says word 0 whatever the goal; the listener goes to the landmarks' centre."""
+    return 0 if obs.shape == (3,) else _move_to(obs[2:8].reshape(3, 2).mean(0), obs[:2])
+
+
+def speaker_listener_talk(obs, space, rng) -> int:
+    """The speaker names the goal (its landmark index as the word); the listener goes to the
+    landmark it hears (to the centre before a word arrives)."""
+    if obs.shape == (3,):
+        return int(np.argmax(obs))
+    heard, landmarks = obs[8:11], obs[2:8].reshape(3, 2)
+    goal = landmarks[int(np.argmax(heard))] if heard.max() > 0 else landmarks.mean(0)
+    return _move_to(goal, obs[:2])
+
+
 # pursuit's observation is (y, x, channel) around the pursuer at (3, 3): walls (and the window's
 # outside) in channel 0, pursuers in 1 (itself included), evaders in 2; its moves: 0 x - 1,
 # 1 x + 1, 2 y + 1, 3 y - 1, 4 stay
@@ -92,6 +110,8 @@ def pursuit_chase(obs, space, rng) -> int:
 SCRIPTED: Dict[str, Dict[str, Policy]] = {
     "simple-reference": {"centre, no word": reference_centre, "names the goal": reference_talk},
     "pursuit": {"chases the nearest evader": pursuit_chase},
+    "speaker-listener": {"mute, to the centre": speaker_listener_mute,
+                         "names the goal, goes there": speaker_listener_talk},
 }
 
 

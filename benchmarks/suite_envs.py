@@ -274,6 +274,16 @@ def simple_reference():
     return simple_reference_v3.parallel_env()
 
 
+def speaker_listener():
+    """MPE2's simple_speaker_listener as it comes: a speaker that sees the goal landmark's colour
+    and says one of three words (``Box(3)``, ``Discrete(3)``), a listener that hears the word and
+    moves (``Box(11)``, ``Discrete(5)``); the reward, shared, is minus the listener's squared
+    distance from the goal, 25 steps. Agents of different spaces: asyncrl trains a policy for
+    each by default, SB3's shared policy sees them padded to one pair (``sb3_shared_policy_env``)."""
+    from mpe2 import simple_speaker_listener_v4
+    return simple_speaker_listener_v4.parallel_env()
+
+
 def multiwalker():
     """PettingZoo's SISL multiwalker: three bipedal walkers carry a package, each a
     ``Box(-1, 1, (4,))`` of joint torques and 31 observations; the reward, shared, pays the
