@@ -41,6 +41,7 @@ return, as a user watching ``ep_rew_mean`` would.
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import importlib.util
 import json
@@ -50,7 +51,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -316,6 +317,16 @@ CASES: Dict[str, Case] = {
     # and a listener that goes where it is told -10.4. A listener trained beside a mute speaker
     # ended at -16.5 (the guide's figure, 100 episodes); the target, -14, asks for words.
     "speaker-listener": Case(se.speaker_listener, 1_000_000, -14, "multiagent"),
+    # Held out, twelfth round (2026-12-07, thirty-ninth session), target set before any run:
+    # MPE2's collect_treasure (six collectors and two deposits, agents of two pairs of spaces:
+    # a policy for each by default), the collectors' returns scored; the budget counts the
+    # collectors' agent steps (1M: 167k env steps; SB3 trains on every agent's, 1.33M).
+    # The mean collector's return over 100 seeded episodes (benchmarks/reference_scores.py):
+    # random play -1.3, keeping still -3.8 (collectors that overlap at the start stay so), a
+    # script whose collectors go to the nearest treasure, then to the nearest deposit of its
+    # type, and whose deposits go to the collectors' centre 8.6 (std 22: its collectors run
+    # into each other). The target, 8.5, asks for the script's score.
+    "collect-treasure": Case(se.collect_treasure, 1_000_000, 8.5, "heldout12"),
     # VizDoom at 1M frames (250k env steps, 4 frames each), asyncrl's Doom preprocessing for both.
     # Targets: Basic 70 (Sample Factory's example passes it within 1M frames, the issue's mark),
     # HealthGatheringSupreme 5 (Sample Factory's return at 1M frames: 4.2-5.8 in earlier runs), on
@@ -449,16 +460,29 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
     t0 = time.perf_counter()
 
     # a multi-agent budget counts the agent steps of asyncrl's model's policy; SB3's one policy
-    # plays every agent, so it takes per_step of its own steps to each of those
-    per_step = sb3_steps_per_policy_step(case.env) if is_multi_agent(case.env) else 1
+    # plays every agent, so it takes per_step of its own steps to each of those, and its training
+    # return is that of the agents asyncrl's is (each agent an env of SuperSuit's vector env, in
+    # possible_agents order per copy)
+    per_step, scored_lanes = 1, None
+    if is_multi_agent(case.env):
+        per_step = sb3_steps_per_policy_step(case.env)
+        every, scored = agents_scored(case.env)
+        scored_lanes = [k for k, a in enumerate(every) if a in scored]
+    recent = collections.deque(maxlen=RETURN_WINDOW)
 
     class Record(BaseCallback):
         def _on_step(self) -> bool:
+            if scored_lanes is None:  # SB3's own window (its stats_window_size, 100)
+                returns = [e["r"] for e in self.model.ep_info_buffer]
+            else:
+                n = len(agents_scored(case.env)[0])
+                recent.extend(info["episode"]["r"] for k, info in enumerate(self.locals["infos"])
+                              if "episode" in info and k % n in scored_lanes)
+                returns = list(recent)
             if self.num_timesteps % 1000 < self.training_env.num_envs:
-                buf = self.model.ep_info_buffer
-                ret = float(np.mean([e["r"] for e in buf])) if buf else float("nan")
+                ret = float(np.mean(returns)) if returns else float("nan")
                 curve.append([int(self.num_timesteps / per_step), time.perf_counter() - t0, ret,
-                              len(buf)])
+                              len(returns)])
             return True
 
     wrapper_name = hyper.pop("env_wrapper", None)  # a factory's env only (an id's: asyncrl's)
@@ -504,7 +528,8 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
             shutil.rmtree(model.logger.get_dir(), ignore_errors=True)
     wall = time.perf_counter() - t0
     obs_fn = env.normalize_obs if normalize is not None else None  # its statistics, frozen now
-    play, make_eval = ((sb3_eval_parallel, functools.partial(sb3_parallel_env, case)) if multi_agent
+    play, make_eval = ((functools.partial(sb3_eval_parallel, case_env=case.env),
+                        functools.partial(sb3_parallel_env, case)) if multi_agent
                        else (sb3_eval_returns, make))
     returns = play(model, make_eval(), eval_episodes(case), obs_fn=obs_fn)
     mean, std = float(np.mean(returns)), float(np.std(returns))
@@ -552,20 +577,31 @@ def is_multi_agent(factory: Any) -> bool:
         env.close()
 
 
-def sb3_steps_per_policy_step(factory: Any) -> float:
-    """SB3's agent steps (every agent's) per agent step of asyncrl's model's policy: 1 where
-    the agents share one policy, else all agents over those of the first pair of spaces
-    (``asyncrl.multiagent.policies_by_space``)."""
+@functools.lru_cache(maxsize=None)
+def agents_scored(factory: Any) -> Tuple[tuple, tuple]:
+    """A multi-agent case's ``possible_agents`` and those whose returns the suite scores, the
+    agents of asyncrl's model's policy (its ``num_timesteps``, ``ep_rew_mean`` and default
+    ``evaluate``): every agent where they share one policy, else those of the first pair of
+    spaces (``asyncrl.multiagent.policies_by_space``), for both libraries."""
     from asyncrl.multiagent import policies_by_space
     env = factory()
     try:
-        policies, mapping = policies_by_space(env)
-        if mapping is None:
-            return 1
-        first = sum(mapping(a) == next(iter(policies)) for a in env.possible_agents)
-        return len(env.possible_agents) / first
+        every = tuple(env.possible_agents)
+        mapping = policies_by_space(env)[1]
+        return every, every if mapping is None else tuple(
+            a for a in every if mapping(a) == mapping(every[0]))
     finally:
         env.close()
+
+
+def scored_agents(factory: Any) -> tuple:
+    return agents_scored(factory)[1]
+
+
+def sb3_steps_per_policy_step(factory: Any) -> float:
+    """SB3's agent steps (every agent's) per agent step of asyncrl's model's policy."""
+    every, scored = agents_scored(factory)
+    return len(every) / len(scored)
 
 
 def sb3_parallel_env(case: Case):
@@ -602,20 +638,24 @@ def sb3_shared_policy_env(case: Case, copies: int, seed: int):
 
 
 def sb3_eval_parallel(model, env, episodes: int, deterministic: bool = True,
-                      obs_fn=None) -> List[float]:
+                      obs_fn=None, case_env: Any = None) -> List[float]:
     """SB3's shared policy playing every agent of a ``ParallelEnv`` on the episodes asyncrl's
     ``evaluate(seed=EVAL_SEED)`` plays, through asyncrl's own episode loop
-    (``play_parallel_episode``): each episode's mean return over its agents."""
+    (``play_parallel_episode``): each episode's mean return over the agents asyncrl's
+    evaluation scores (``scored_agents`` of the case's factory, ``case_env``; None: every agent)."""
     from asyncrl.multiagent import AgentLayout, play_parallel_episode
-    shared = AgentLayout(env.possible_agents, ["sb3"], {}, None)  # one policy for every agent
+    # SB3's one policy plays every agent; each agent its own id, to score those asyncrl scores
+    every = AgentLayout(env.possible_agents, list(env.possible_agents), {}, lambda a: a)
+    scored = [a for a in env.possible_agents if case_env is None or a in scored_agents(case_env)]
 
     def act(pid, obs, info, start, state):
         action, _ = model.predict(obs if obs_fn is None else obs_fn(obs), deterministic=deterministic)
         return action, None
 
     try:
-        return [play_parallel_episode(shared, env, act, EVAL_SEED + ep, ep)["sb3"]
-                for ep in range(episodes)]
+        return [float(np.mean([returns[a] for a in scored]))
+                for returns in (play_parallel_episode(every, env, act, EVAL_SEED + ep, ep)
+                                for ep in range(episodes))]
     finally:
         env.close()
 
@@ -767,6 +807,7 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "heldout9": "Held out, ninth round (2026-12-07): NASim's partially observed and larger networks",
             "heldout10": "Held out, tenth round (2026-12-07): more popgym memory tasks",
             "heldout11": "Held out, eleventh round (2026-12-07): cooperative pursuit, eight agents",
+            "heldout12": "Held out, twelfth round (2026-12-07): collectors and deposits, two policies",
             "text": "Text observations: MiniGrid and BabyAI with their missions (2026-12-07)",
             "doom": "VizDoom"}
 

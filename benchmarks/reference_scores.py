@@ -1,7 +1,8 @@
 """Reference scores a held-out case's target is set against, before any run: random play,
 keeping still and, where one is written below, scripted policies, each over seeded episodes
 (resets seeded 0, 1, ...; the suite's measure: an episode's return, a multi-agent episode's mean
-return over its agents).
+return over the agents of asyncrl's model's policy: every agent, or where the agents' spaces
+differ those of ``possible_agents[0]``'s).
 
     python benchmarks/reference_scores.py --envs humanoid-standup,simple-reference [--episodes 10]
 """
@@ -15,7 +16,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from learning_suite import CASES, is_multi_agent  # noqa: E402
+from learning_suite import CASES, is_multi_agent, scored_agents  # noqa: E402
 
 Policy = Callable[[np.ndarray, gym.Space, np.random.Generator], object]
 
@@ -83,6 +84,29 @@ def speaker_listener_talk(obs, space, rng) -> int:
     return _move_to(goal, obs[:2])
 
 
+# collect_treasure: a collector sees its position and velocity (4), what it holds (2, one-hot),
+# the 7 other agents nearest first (relative position, velocity, [deposit of type 0, of type 1,
+# holding type 0, type 1]: 8 each) and the 6 treasures nearest first (relative position, type
+# one-hot; zeros where just picked up); a deposit the same without what it holds (84)
+def _treasure_others(obs):
+    k = 6 if obs.shape == (86,) else 4
+    return obs[k:k + 56].reshape(7, 8), obs[k + 56:k + 80].reshape(6, 4)
+
+
+def treasure_script(obs, space, rng) -> int:
+    """A collector goes to the nearest treasure, and once holding one to the nearest deposit
+    of its type; a deposit (which does not see its own type) goes to the collectors' centre."""
+    others, treasures = _treasure_others(obs)
+    if obs.shape == (84,):
+        collectors = others[others[:, 4:6].sum(1) == 0]
+        return _move_to(collectors[:, :2].mean(0), obs[2:4])
+    if obs[4:6].max() > 0:
+        deposits = others[others[:, 4 + int(np.argmax(obs[4:6]))] > 0]
+        return _move_to(deposits[0, :2], obs[2:4])
+    alive = treasures[treasures[:, 2:].sum(1) > 0]
+    return _move_to(alive[0, :2], obs[2:4]) if len(alive) else 0
+
+
 # pursuit's observation is (y, x, channel) around the pursuer at (3, 3): walls (and the window's
 # outside) in channel 0, pursuers in 1 (itself included), evaders in 2; its moves: 0 x - 1,
 # 1 x + 1, 2 y + 1, 3 y - 1, 4 stay
@@ -110,6 +134,7 @@ def pursuit_chase(obs, space, rng) -> int:
 SCRIPTED: Dict[str, Dict[str, Policy]] = {
     "simple-reference": {"centre, no word": reference_centre, "names the goal": reference_talk},
     "pursuit": {"chases the nearest evader": pursuit_chase},
+    "collect-treasure": {"collects and delivers": treasure_script},
     "speaker-listener": {"mute, to the centre": speaker_listener_mute,
                          "names the goal, goes there": speaker_listener_talk},
 }
@@ -128,7 +153,8 @@ def episode(case_name: str, policy: Policy, seed: int) -> float:
                 (policy(obs, env.action_space(a), rng), None), seed, 0)
         finally:
             env.close()
-        return float(np.mean(list(returns.values())))
+        scored = scored_agents(case.env)
+        return float(np.mean([returns[a] for a in scored]))
     env = case.env() if callable(case.env) else gym.make(case.env)
     obs, _ = env.reset(seed=seed)
     total, done = 0.0, False

@@ -284,6 +284,18 @@ def speaker_listener():
     return simple_speaker_listener_v4.parallel_env()
 
 
+def collect_treasure():
+    """MPE2's collect_treasure as it comes: six collectors (``Box(86)``) pick up treasures of two
+    types and carry each to the deposit of its type, two deposits (``Box(84)``; a deposit does
+    not see its own type) move to meet them; every agent moves (``Discrete(5)``), 25 steps. The
+    reward: +5 to every agent for each pickup and each delivery, each agent's distance shaping
+    (a collector's to its next goal, a deposit's to the collectors), -5 a step to a collector
+    that overlaps another. Agents of different spaces: asyncrl trains a policy for each kind by
+    default (the collectors' scored); SB3's shared policy sees them padded to one pair."""
+    from mpe2 import collect_treasure_v1
+    return collect_treasure_v1.parallel_env()
+
+
 def multiwalker():
     """PettingZoo's SISL multiwalker: three bipedal walkers carry a package, each a
     ``Box(-1, 1, (4,))`` of joint torques and 31 observations; the reward, shared, pays the

@@ -131,6 +131,29 @@ def test_sb3s_shared_policy_plays_every_agent_and_an_episode_scores_its_agents_m
     assert not learning_suite.is_multi_agent("CartPole-v1")
 
 
+@pytest.mark.timeout(60)
+def test_agents_of_different_spaces_score_the_models_policys_agents_for_both_libraries():
+    # Cues: "small" (2 cues) and "big" (4) have spaces of their own, so asyncrl trains a policy
+    # each and scores the first, "small"; SB3's shared policy sees both padded to one pair, trains
+    # on twice the budget in agent steps, and is scored on "small" too
+    pytest.importorskip("supersuit")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ma_envs
+    assert learning_suite.agents_scored(ma_envs.cues) == (("small", "big"), ("small",))
+    assert learning_suite.sb3_steps_per_policy_step(ma_envs.cues) == 2.0
+    assert learning_suite.sb3_steps_per_policy_step(ma_envs.leaving) == 1.0
+    case = learning_suite.Case(ma_envs.cues, 1_000, 0, "multiagent")
+    padded = learning_suite.sb3_parallel_env(case)
+    assert padded.observation_space("small").shape == padded.observation_space("big").shape == (4,)
+
+    class SmallsAnswer:  # right for "small" (its cue among the first two), not for "big"
+        def predict(self, obs, deterministic=True):
+            return obs[:2].argmax(axis=-1), None
+
+    assert learning_suite.sb3_eval_parallel(SmallsAnswer(), padded, 3,
+                                            case_env=ma_envs.cues) == [4.0, 4.0, 4.0]
+
+
 @pytest.mark.timeout(120)
 def test_sb3_trains_a_parallel_env_with_one_policy_shared_by_its_agents(monkeypatch):
     # each agent an env of SuperSuit's vector env (PettingZoo's SB3 tutorial): the budget counts
