@@ -412,6 +412,11 @@ def run_asyncrl(name: str, seed: int, overrides: dict) -> dict:
         curve.append([int(model.num_timesteps), time.perf_counter() - t0,
                       float(model.logger.ep_rew_mean), window, int(model.policy_version),
                       None if lag is None else round(float(lag), 2)])
+        # several trained policies: train(n) goes on until each has n of its agents' steps,
+        # where the budget is the model's policy's (the agents scored): stop there
+        if len(model.trainees) > 1 and model.num_timesteps >= case.steps:
+            return False
+        return None
 
     kwargs = merged({"seed": seed, "device": "cpu", "verbose": 0, **case.extra},
                     with_schedules(overrides))
