@@ -468,11 +468,11 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
     # plays every agent, so it takes per_step of its own steps to each of those, and its training
     # return is that of the agents asyncrl's is (each agent an env of SuperSuit's vector env, in
     # possible_agents order per copy)
-    per_step, scored_lanes = 1, None
+    per_step, scored_lanes, lanes = 1, None, 1
     if is_multi_agent(case.env):
         per_step = sb3_steps_per_policy_step(case.env)
         every, scored = agents_scored(case.env)
-        scored_lanes = [k for k, a in enumerate(every) if a in scored]
+        scored_lanes, lanes = [k for k, a in enumerate(every) if a in scored], len(every)
     recent = collections.deque(maxlen=RETURN_WINDOW)
 
     class Record(BaseCallback):
@@ -480,9 +480,8 @@ def run_sb3(name: str, seed: int, zoo: bool = False) -> dict:
             if scored_lanes is None:  # SB3's own window (its stats_window_size, 100)
                 returns = [e["r"] for e in self.model.ep_info_buffer]
             else:
-                n = len(agents_scored(case.env)[0])
                 recent.extend(info["episode"]["r"] for k, info in enumerate(self.locals["infos"])
-                              if "episode" in info and k % n in scored_lanes)
+                              if "episode" in info and k % lanes in scored_lanes)
                 returns = list(recent)
             if self.num_timesteps % 1000 < self.training_env.num_envs:
                 ret = float(np.mean(returns)) if returns else float("nan")
@@ -658,7 +657,7 @@ def sb3_eval_parallel(model, env, episodes: int, deterministic: bool = True,
         return action, None
 
     try:
-        return [float(np.mean([returns[a] for a in scored]))
+        return [float(np.mean([returns[a] for a in scored if a in returns]))  # those that played
                 for returns in (play_parallel_episode(every, env, act, EVAL_SEED + ep, ep)
                                 for ep in range(episodes))]
     finally:
