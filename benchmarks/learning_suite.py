@@ -602,6 +602,13 @@ def scored_agents(factory: Any) -> tuple:
     return agents_scored(factory)[1]
 
 
+def scored_return(returns: Dict[str, float], factory: Any = None) -> float:
+    """A multi-agent episode's score from {agent: its return}: the mean over the scored agents
+    of ``factory``'s case that played it (None: every agent that played)."""
+    scored = returns if factory is None else scored_agents(factory)
+    return float(np.mean([r for a, r in returns.items() if a in scored]))
+
+
 def sb3_steps_per_policy_step(factory: Any) -> float:
     """SB3's agent steps (every agent's) per agent step of asyncrl's model's policy."""
     every, scored = agents_scored(factory)
@@ -650,16 +657,14 @@ def sb3_eval_parallel(model, env, episodes: int, deterministic: bool = True,
     from asyncrl.multiagent import AgentLayout, play_parallel_episode
     # SB3's one policy plays every agent; each agent its own id, to score those asyncrl scores
     every = AgentLayout(env.possible_agents, list(env.possible_agents), {}, lambda a: a)
-    scored = [a for a in env.possible_agents if case_env is None or a in scored_agents(case_env)]
 
     def act(pid, obs, info, start, state):
         action, _ = model.predict(obs if obs_fn is None else obs_fn(obs), deterministic=deterministic)
         return action, None
 
     try:
-        return [float(np.mean([returns[a] for a in scored if a in returns]))  # those that played
-                for returns in (play_parallel_episode(every, env, act, EVAL_SEED + ep, ep)
-                                for ep in range(episodes))]
+        return [scored_return(play_parallel_episode(every, env, act, EVAL_SEED + ep, ep), case_env)
+                for ep in range(episodes)]
     finally:
         env.close()
 

@@ -16,7 +16,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from learning_suite import CASES, is_multi_agent, scored_agents  # noqa: E402
+from learning_suite import CASES, is_multi_agent, scored_return  # noqa: E402
 
 Policy = Callable[[np.ndarray, gym.Space, np.random.Generator], object]
 
@@ -153,8 +153,7 @@ def episode(case_name: str, policy: Policy, seed: int) -> float:
                 (policy(obs, env.action_space(a), rng), None), seed, 0)
         finally:
             env.close()
-        scored = scored_agents(case.env)
-        return float(np.mean([returns[a] for a in scored]))
+        return scored_return(returns, case.env)
     env = case.env() if callable(case.env) else gym.make(case.env)
     obs, _ = env.reset(seed=seed)
     total, done = 0.0, False
