@@ -598,14 +598,10 @@ def agents_scored(factory: Any) -> Tuple[tuple, tuple]:
         env.close()
 
 
-def scored_agents(factory: Any) -> tuple:
-    return agents_scored(factory)[1]
-
-
 def scored_return(returns: Dict[str, float], factory: Any = None) -> float:
     """A multi-agent episode's score from {agent: its return}: the mean over the scored agents
     of ``factory``'s case that played it (None: every agent that played)."""
-    scored = returns if factory is None else scored_agents(factory)
+    scored = returns if factory is None else agents_scored(factory)[1]
     return float(np.mean([r for a, r in returns.items() if a in scored]))
 
 
@@ -620,9 +616,8 @@ def sb3_parallel_env(case: Case):
     padded to one pair (SuperSuit's ``pad_observations_v0``, ``pad_action_space_v0``: zeros
     appended, an action beyond an agent's own space taken as its action 0), as PettingZoo's
     docs have SB3 train such an env."""
-    from asyncrl.multiagent import policies_by_space
     env = case.env()
-    if policies_by_space(env)[1] is None:  # one pair of spaces
+    if sb3_steps_per_policy_step(case.env) == 1:  # one pair of spaces: every agent scored
         return env
     import supersuit as ss
     return ss.pad_action_space_v0(ss.pad_observations_v0(env))
@@ -653,7 +648,7 @@ def sb3_eval_parallel(model, env, episodes: int, deterministic: bool = True,
     """SB3's shared policy playing every agent of a ``ParallelEnv`` on the episodes asyncrl's
     ``evaluate(seed=EVAL_SEED)`` plays, through asyncrl's own episode loop
     (``play_parallel_episode``): each episode's mean return over the agents asyncrl's
-    evaluation scores (``scored_agents`` of the case's factory, ``case_env``; None: every agent)."""
+    evaluation scores (``agents_scored`` of the case's factory, ``case_env``; None: every agent)."""
     from asyncrl.multiagent import AgentLayout, play_parallel_episode
     # SB3's one policy plays every agent; each agent its own id, to score those asyncrl scores
     every = AgentLayout(env.possible_agents, list(env.possible_agents), {}, lambda a: a)
