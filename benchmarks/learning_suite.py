@@ -226,6 +226,13 @@ CASES: Dict[str, Case] = {
     # -19.7 over 7 seeds is 0.36 of the way from still to scripted and the target, -20, 0.34);
     # the target, -26, is 0.34 of the way here.
     "simple-spread6": Case(se.simple_spread6, 2_000_000, -26, "heldout7"),
+    # simple_spread with eight agents (2026-12-07, forty-first session, target set before any
+    # run), to tell the centralised critic's cost from collect_treasure's own: eight agents as
+    # there, a 384-float state between the six-agent row's 216 and collect_treasure's 684. The mean
+    # agent's return (benchmarks/reference_scores.py, 10 episodes; the scripted one 20): random play
+    # -48.5, keeping still -42.9, every agent to its landmark of the least-distance assignment
+    # -18.9; the target, -35, is 0.34 of the way from still to scripted, as on three and six.
+    "simple-spread8": Case(se.simple_spread8, 2_000_000, -35, "heldout13"),
     # Held out, eighth round (2026-12-06), targets set before any run. HumanoidStandup: Humanoid's
     # body (seventeen actuators, 348 observations) lying down, paid its torso's height every step
     # of 1,000 (no fall ends it): returns of ~30,000 where Humanoid's are ~1,000, a test of the
@@ -812,6 +819,7 @@ FAMILIES = {"classic": "Classic control", "mujoco": "MuJoCo", "box2d": "Box2D", 
             "heldout10": "Held out, tenth round (2026-12-07): more popgym memory tasks",
             "heldout11": "Held out, eleventh round (2026-12-07): cooperative pursuit, eight agents",
             "heldout12": "Held out, twelfth round (2026-12-07): collectors and deposits, two policies",
+            "heldout13": "Held out, thirteenth round (2026-12-07): simple_spread with eight agents",
             "text": "Text observations: MiniGrid and BabyAI with their missions (2026-12-07)",
             "doom": "VizDoom"}
 

@@ -84,6 +84,21 @@ def speaker_listener_talk(obs, space, rng) -> int:
     return _move_to(goal, obs[:2])
 
 
+# simple_spread (N agents and landmarks): own velocity and position (4), the landmarks relative
+# to the agent (2N), the other agents relative to it (2N - 2), their words (2N - 2)
+def spread_assigned(obs, space, rng) -> int:
+    """Goes to its landmark of the assignment of agents to landmarks with the least total
+    distance, which every agent computes alike from its own observation (the optimum is unique
+    almost surely, whoever computes it)."""
+    from scipy.optimize import linear_sum_assignment
+    n = len(obs) // 6
+    landmarks = obs[4:4 + 2 * n].reshape(n, 2)
+    agents = np.vstack([np.zeros(2), obs[4 + 2 * n:4 + 2 * n + 2 * (n - 1)].reshape(n - 1, 2)])
+    cost = np.linalg.norm(agents[:, None] - landmarks[None], axis=2)
+    rows, cols = linear_sum_assignment(cost)
+    return _move_to(landmarks[cols[list(rows).index(0)]], obs[:2])
+
+
 # collect_treasure: a collector sees its position and velocity (4), what it holds (2, one-hot),
 # the 7 other agents nearest first (relative position, velocity, [deposit of type 0, of type 1,
 # holding type 0, type 1]: 8 each) and the 6 treasures nearest first (relative position, type
@@ -134,6 +149,9 @@ def pursuit_chase(obs, space, rng) -> int:
 SCRIPTED: Dict[str, Dict[str, Policy]] = {
     "simple-reference": {"centre, no word": reference_centre, "names the goal": reference_talk},
     "pursuit": {"chases the nearest evader": pursuit_chase},
+    "simple-spread": {"least-distance assignment": spread_assigned},
+    "simple-spread6": {"least-distance assignment": spread_assigned},
+    "simple-spread8": {"least-distance assignment": spread_assigned},
     "collect-treasure": {"collects and delivers": treasure_script},
     "speaker-listener": {"mute, to the centre": speaker_listener_mute,
                          "names the goal, goes there": speaker_listener_talk},

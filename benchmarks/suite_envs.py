@@ -259,6 +259,13 @@ def simple_spread6():
     return simple_spread_v3.parallel_env(N=6, continuous_actions=False)
 
 
+def simple_spread8():
+    """simple_spread with eight agents and eight landmarks (MPE2's ``N=8``): 48 observations an
+    agent, a 384-float state (every agent's observation side by side)."""
+    from mpe2 import simple_spread_v3
+    return simple_spread_v3.parallel_env(N=8, continuous_actions=False)
+
+
 def simple_spread_continuous():
     """simple_spread with MPE2's continuous actions: each agent's ``Box(0, 1, (5,))``, a force
     for no move and each of the four directions (the discrete form picks one of the five)."""
