@@ -227,11 +227,12 @@ CASES: Dict[str, Case] = {
     # the target, -26, is 0.34 of the way here.
     "simple-spread6": Case(se.simple_spread6, 2_000_000, -26, "heldout7"),
     # simple_spread with eight agents (2026-12-07, forty-first session, target set before any
-    # run), to tell the centralised critic's cost from collect_treasure's own: eight agents as
-    # there, a 384-float state between the six-agent row's 216 and collect_treasure's 684. The mean
-    # agent's return (benchmarks/reference_scores.py, 10 episodes; the scripted one 20): random play
-    # -48.5, keeping still -42.9, every agent to its landmark of the least-distance assignment
-    # -18.9; the target, -35, is 0.34 of the way from still to scripted, as on three and six.
+    # run), to tell whether the centralised critic lost collect_treasure for its eight agents:
+    # eight here, a 384-float state between the six-agent row's 216 and collect_treasure's 684.
+    # The mean agent's return (benchmarks/reference_scores.py, 10 episodes; the scripted one
+    # 20): random play -48.5, keeping still -42.9, every agent to its landmark of the
+    # least-distance assignment -18.9; the target, -35, is 0.34 of the way from still to
+    # scripted, as on three and six.
     "simple-spread8": Case(se.simple_spread8, 2_000_000, -35, "heldout13"),
     # Held out, eighth round (2026-12-06), targets set before any run. HumanoidStandup: Humanoid's
     # body (seventeen actuators, 348 observations) lying down, paid its torso's height every step
