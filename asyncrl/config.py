@@ -28,8 +28,14 @@ GRAPH_FIELDS = ("num_workers", "num_envs_per_worker", "rollout", "sampler_nice",
                 "serial_mode", "seed", "verbose", "log_interval", "tensorboard_log", "stats_window",
                 "worker_timeout", "on_env_error", "max_env_restarts", "max_worker_restarts")
 # The largest global state (floats) a centralised critic reads by default (an MLP's input;
-# spaces.EnvSpec.critic_state, SEVERAL_AGENTS_CRITIC_DEFAULTS)
-CRITIC_STATE_MAX = 4096
+# spaces.EnvSpec.critic_state, SEVERAL_AGENTS_CRITIC_DEFAULTS). Ahead or level on states of 14-384
+# floats (simple_spread with three, six and eight agents, simple_reference, speaker-listener),
+# behind on the two larger ones measured, both of eight agents: collect_treasure (684: the
+# training return's last fifth -0.7 to 0.6 against 1.6 independent, 3 seeds of 3, at 0.54-0.59 of
+# the rate) and pursuit (768: the target in 47-90 s against 78-161 s, the training return's middle
+# fifths behind in 3 seeds of 3); as MAPPO found of states that concatenate many agents'
+# observations (docs/benchmarks/learning-suite.md, "The centralised critic with eight agents").
+CRITIC_STATE_MAX = 512
 DEVICES_HINT = '"cpu", "cuda", "cuda:N" or "auto"'
 
 
@@ -705,11 +711,10 @@ TURN_BASED_DEFAULTS = dict(ent_coef=0.1)
 # dimensions an agent) the critic's training return passed 0 in 1 seed of 3 (independent: 3 of 3, in
 # 26-39 s) and one seed collapsed (greedy -79.0); on continuous simple_spread it was level. Eight
 # agents (simple_spread, a 384-float state, 2M): -39.1 against -40.9, the training return ahead in
-# 3 seeds of 3, at 0.82-0.98 of the rate; behind on collect_treasure only (eight agents of two
-# kinds, a 684-float state: the training return's last fifth -0.7 to 0.6 against 1.6, 0.54-0.59 of
-# the rate), one env, not acted on. Not measured: factored actions, turn-based games, recurrent
-# cores (docs/benchmarks/learning-suite.md, "The centralised critic for several agents with
-# discrete actions" and "The centralised critic with eight agents").
+# 3 seeds of 3, at 0.82-0.98 of the rate; larger states keep independent critics (CRITIC_STATE_MAX).
+# Not measured: factored actions, turn-based games, recurrent cores
+# (docs/benchmarks/learning-suite.md, "The centralised critic for several agents with discrete
+# actions" and "The centralised critic with eight agents").
 SEVERAL_AGENTS_CRITIC_DEFAULTS = dict(centralized_critic=True)
 CRITIC_ACTIONS = ("categorical",)  # ActionDistribution.kind of the policies it is implied for
 
