@@ -95,8 +95,8 @@ def spread_assigned(obs, space, rng) -> int:
     landmarks = obs[4:4 + 2 * n].reshape(n, 2)
     agents = np.vstack([np.zeros(2), obs[4 + 2 * n:4 + 2 * n + 2 * (n - 1)].reshape(n - 1, 2)])
     cost = np.linalg.norm(agents[:, None] - landmarks[None], axis=2)
-    rows, cols = linear_sum_assignment(cost)
-    return _move_to(landmarks[cols[list(rows).index(0)]], obs[:2])
+    _, cols = linear_sum_assignment(cost)  # square: row i is agent i, the agent itself row 0
+    return _move_to(landmarks[cols[0]], obs[:2])
 
 
 # collect_treasure: a collector sees its position and velocity (4), what it holds (2, one-hot),

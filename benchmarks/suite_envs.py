@@ -247,30 +247,33 @@ def minesweeper():
     return PreviousAction(MineSweeperEasy())
 
 
-def simple_spread():
+def _spread(n: int = 3, continuous: bool = False):
+    """MPE2's simple_spread with ``n`` agents and landmarks (one-line factories below: the suite's
+    cases need a picklable function each)."""
     from mpe2 import simple_spread_v3
-    return simple_spread_v3.parallel_env(continuous_actions=False)
+    return simple_spread_v3.parallel_env(N=n, continuous_actions=continuous)
+
+
+def simple_spread():
+    return _spread()
 
 
 def simple_spread6():
     """simple_spread with six agents and six landmarks (MPE2's ``N=6``): twice the lanes an env
     of the three-agent row, 36 observations an agent, the same five discrete moves."""
-    from mpe2 import simple_spread_v3
-    return simple_spread_v3.parallel_env(N=6, continuous_actions=False)
+    return _spread(6)
 
 
 def simple_spread8():
     """simple_spread with eight agents and eight landmarks (MPE2's ``N=8``): 48 observations an
     agent, a 384-float state (every agent's observation side by side)."""
-    from mpe2 import simple_spread_v3
-    return simple_spread_v3.parallel_env(N=8, continuous_actions=False)
+    return _spread(8)
 
 
 def simple_spread_continuous():
     """simple_spread with MPE2's continuous actions: each agent's ``Box(0, 1, (5,))``, a force
     for no move and each of the four directions (the discrete form picks one of the five)."""
-    from mpe2 import simple_spread_v3
-    return simple_spread_v3.parallel_env(continuous_actions=True)
+    return _spread(continuous=True)
 
 
 def simple_reference():
